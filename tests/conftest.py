@@ -1,0 +1,65 @@
+"""Shared test set-up: load fused-mlp the way users do, through kernels.get_kernel.
+
+tools/test.sh builds the variant for the installed torch and stages it into
+.hub-cache/ first; here we point the loader at that cache, offline, before
+`kernels` is imported anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO_ID = "org/fused-mlp"
+
+os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "slow: long-running")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def fused_mlp():
+    """The fused_mlp package as get_kernel("org/fused-mlp", version=1) loads it."""
+    from kernels import get_kernel
+
+    return get_kernel(REPO_ID, version=1)
+
+
+@pytest.fixture
+def device():
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere fails every bound."""
+    out = out.double()
+    ref = ref.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    denom = ref.norm().item()
+    return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def poison_like(t: torch.Tensor) -> torch.Tensor:
+    """An output buffer full of NaN, so that an unwritten element fails the check."""
+    return torch.full_like(t, float("nan"))

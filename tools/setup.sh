@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment .venv and install what the
+# build, the tests and the demo need. Idempotent: a second run installs nothing new.
+#
+# torch: an already importable torch is kept (the venv sees the system's packages,
+# so a machine with its own CUDA torch keeps it); otherwise torch 2.13.0 is installed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${FUSED_MLP_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv --system-site-packages "$VENV"
+fi
+VPY="$VENV/bin/python"
+if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
+  echo "[setup] installing torch==2.13.0"
+  "$VPY" -m pip install -q "torch==2.13.0"
+fi
+# Wheels carried next to the checkout (the GPU machine has no network) are used first.
+FIND_LINKS=()
+[ -d "$ROOT/.wheels" ] && FIND_LINKS=(--find-links "$ROOT/.wheels")
+if ! "$VPY" -c "import kernels, huggingface_hub, safetensors, transformers, pytest, kernel_abi_check" >/dev/null 2>&1 \
+   || [ "$("$VPY" -c 'import kernels; print(kernels.__version__)' 2>/dev/null)" != "0.17.2" ]; then
+  echo "[setup] installing requirements.txt"
+  "$VPY" -m pip install -q "${FIND_LINKS[@]}" -r "$ROOT/requirements.txt"
+fi
+"$VPY" -c "import torch, kernels; print(f'[setup] torch {torch.__version__}, kernels {kernels.__version__}, python', __import__('sys').version.split()[0])"

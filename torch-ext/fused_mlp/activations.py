@@ -1,0 +1,88 @@
+"""Activation names fused-mlp understands, their ids, and their plain-PyTorch definitions.
+
+The ids are part of the compiled ops' schemas (`activation: int`) and must match
+`fused_mlp::Activation` in kernel_src/common/activations.h.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATION_IDS: dict[str, int] = {
+    "identity": 0,
+    "silu": 1,
+    "gelu_tanh": 2,
+    "gelu": 3,
+    "relu": 4,
+    "relu2": 5,
+    "quick_gelu": 6,
+}
+
+# Other spellings of the same functions (transformers' ACT2FN keys among them).
+# gelu_new and gelu_fast are transformers' tanh-approximate GELU written two ways;
+# both equal 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) up to rounding.
+ALIASES: dict[str, str] = {
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_erf": "gelu",
+    "relu_squared": "relu2",
+    "linear": "identity",
+    "none": "identity",
+}
+
+SUPPORTED_ACTIVATIONS: tuple[str, ...] = tuple(ACTIVATION_IDS) + tuple(ALIASES)
+
+
+def canonical_activation(name: str) -> str:
+    """The canonical name of `name`; ValueError naming the argument if unknown."""
+    if not isinstance(name, str):
+        raise TypeError(f"activation must be a string, got {type(name).__name__}")
+    key = name.lower()
+    key = ALIASES.get(key, key)
+    if key not in ACTIVATION_IDS:
+        raise ValueError(
+            f"activation={name!r} is not supported; expected one of {sorted(SUPPORTED_ACTIVATIONS)}"
+        )
+    return key
+
+
+def activation_id(name: str) -> int:
+    return ACTIVATION_IDS[canonical_activation(name)]
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def _relu2(x: torch.Tensor) -> torch.Tensor:
+    return torch.square(F.relu(x))
+
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+_TORCH_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": lambda x: x,
+    "silu": F.silu,
+    "gelu_tanh": _gelu_tanh,
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "relu2": _relu2,
+    "quick_gelu": _quick_gelu,
+}
+
+
+def torch_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The plain-PyTorch function for `name` (the reference every kernel is tested against)."""
+    return _TORCH_FNS[canonical_activation(name)]
+
+
+# sqrt(2 / pi), used by the tanh-GELU forms in the kernels.
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
