@@ -275,6 +275,20 @@ def copy_package(dst: Path) -> None:
         shutil.copy2(src, dst / rel)
 
 
+def refresh_python(backend: str, out_root: Path) -> Path:
+    """Recopy the Python package into an already built variant (no recompile)."""
+    dst = out_root / variant_name(backend)
+    if not any(dst.glob("*.abi3.so")):
+        raise SystemExit(f"[build] {dst} has no built extension: run a full build first")
+    ops_py = (dst / "_ops.py").read_text()
+    for f in dst.rglob("*.py"):
+        f.unlink()
+    copy_package(dst)
+    (dst / "_ops.py").write_text(ops_py)
+    log(f"refreshed the Python files of {dst.name}")
+    return dst
+
+
 def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, verbose: bool) -> Path:
     conf = read_build_toml()
     general = conf["general"]
@@ -355,8 +369,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "build", help="output root (default: build/)")
     p.add_argument("--archs", default=None, help="comma-separated CUDA capabilities (default: build.toml's)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--python-only", action="store_true",
+                   help="only recopy torch-ext/fused_mlp/*.py into the existing build (fast edit loop)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args()
+    if a.python_only:
+        refresh_python(a.backend or detect_backend(), a.out.resolve())
+        return
     build(a.backend or detect_backend(), a.out.resolve(), a.archs, a.jobs, a.verbose)
 
 

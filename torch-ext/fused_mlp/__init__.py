@@ -18,6 +18,7 @@ from .act_and_mul import (
     silu_and_mul,
 )
 from .activations import SUPPORTED_ACTIVATIONS, canonical_activation
+from .functional import gated_mlp, gated_mlp_packed, mlp
 
 __all__ = [
     "SUPPORTED_ACTIVATIONS",
@@ -25,6 +26,9 @@ __all__ = [
     "canonical_activation",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "gated_mlp",
+    "gated_mlp_packed",
+    "mlp",
     "ops",
     "quick_gelu_and_mul",
     "reference",

@@ -86,3 +86,38 @@ def torch_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 # sqrt(2 / pi), used by the tanh-GELU forms in the kernels.
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _d_silu(x: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+def _d_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    t = torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+
+
+def _d_gelu(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (1 + torch.erf(x * (1 / math.sqrt(2.0)))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _d_quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(1.702 * x)
+    return s + 1.702 * x * s * (1 - s)
+
+
+_TORCH_DERIVATIVES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": torch.ones_like,
+    "silu": _d_silu,
+    "gelu_tanh": _d_gelu_tanh,
+    "gelu": _d_gelu,
+    "relu": lambda x: (x > 0).to(x.dtype),
+    "relu2": lambda x: 2 * F.relu(x),
+    "quick_gelu": _d_quick_gelu,
+}
+
+
+def torch_activation_derivative(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """d act(x) / dx in plain PyTorch (exact, not an approximation of the forward's rounding)."""
+    return _TORCH_DERIVATIVES[canonical_activation(name)]
