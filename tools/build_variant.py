@@ -321,10 +321,14 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
     dst = out_root / variant
     log(f"variant {variant}, op namespace {ext_name}" + (f", archs {archs}" if archs else ""))
 
+    # Build into a private folder, then move it into place: concurrent builds of one
+    # variant never see each other's half-written files.
+    final_dst = dst
+    dst = out_root / f".{variant}.tmp-{os.getpid()}"
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
-    work = ROOT / "build" / "_work" / variant
+    work = ROOT / "build" / "_work" / f"{variant}-{os.getpid()}"
     if work.exists():
         shutil.rmtree(work)
     so = dst / f"{ext_name}.abi3.so"
@@ -352,7 +356,14 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
     Metadata.read_from_file(dst / "metadata.json")  # raises if the loader would reject it
 
     findings = abi_report(so)
-    (work / "abi-check.txt").write_text("\n".join(findings) + "\n")
+    report = ROOT / "build" / "_work" / variant / "abi-check.txt"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("\n".join(findings) + "\n")
+    if final_dst.exists():
+        shutil.rmtree(final_dst)
+    os.replace(dst, final_dst)
+    shutil.rmtree(work, ignore_errors=True)
+    dst = final_dst
     if findings:
         log(f"kernel-abi-check: {len(findings)} finding(s):")
         for f in findings:

@@ -25,6 +25,7 @@ for _name in _OP_NAMES:
         torch.library.register_fake(add_op_namespace_prefix(_name))(lambda out, input: None)
 
 
+@torch.compiler.assume_constant_result  # a fixed property of the build: dynamo need not trace it
 def has_compiled_kernel(op_name: str, device: torch.device) -> bool:
     """Whether this build registered a kernel of `op_name` for `device`'s type."""
     key = {"cuda": "CUDA", "cpu": "CPU"}.get(device.type)

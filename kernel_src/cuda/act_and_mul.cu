@@ -1,0 +1,289 @@
+// CUDA activation-and-multiply: out[r, i] = act(x[r, i]) * x[r, d + i].
+//
+// The op is a pure stream (read 2d, write d per row, a handful of flops per
+// element), so the kernel is written around memory throughput:
+//   * 16-byte loads/stores whenever every row start is 16-byte aligned, which
+//     holds when d * sizeof(T) is a multiple of 16 and both base pointers are
+//     16-byte aligned; otherwise a one-element path that is correct for any d;
+//   * each thread issues all of its gate and up loads before it computes, so
+//     several independent loads per thread are in flight to hide DRAM latency;
+//   * a block owns one column chunk of one group of rows; the chunk/row split is
+//     worked out once per block, so the per-element loop has no division;
+//   * all arithmetic is fp32 (kernel_src/common/activations.h), with a single
+//     rounding on the store, the same as the CPU kernel.
+//
+// Includes stay at the c10 level: ATen/cuda/CUDAContext.h would drag in the
+// cuBLAS/cuSPARSE/cuSOLVER headers, which a minimal CUDA toolkit lacks, for
+// nothing this file uses (at::cuda::getCurrentCUDAStream is c10's function).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "activations.h"
+#include "torch_binding.h"
+
+namespace {
+
+using fused_mlp::Activation;
+
+constexpr int kBlockThreads = 256;
+// Accesses per thread and row half. Four 16-byte vectors give 8 loads (128
+// bytes) in flight per thread; at the 3-4 blocks per SM that ~64 registers
+// allow that is 96-128 KiB outstanding per SM, several times what covering
+// DRAM latency takes, so no minimum-blocks bound is imposed (one made ptxas
+// spill on sm_90). The one-element path needs more accesses per thread for a
+// comparable number of bytes outstanding.
+constexpr int kVectorUnroll = 4;
+constexpr int kScalarUnroll = 8;
+
+// Conversions between the storage type and fp32. The 16-bit types also have a
+// paired form so that two results round and pack in one instruction.
+template <typename T>
+struct Convert;
+
+template <>
+struct Convert<float> {
+  static __device__ __forceinline__ float to_float(float x) { return x; }
+  static __device__ __forceinline__ float from_float(float x) { return x; }
+};
+
+template <>
+struct Convert<__half> {
+  using Pair = __half2;
+  static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ float2 pair_to_float(__half2 x) { return __half22float2(x); }
+  static __device__ __forceinline__ __half2 pair_from_float(float a, float b) {
+    return __floats2half2_rn(a, b);
+  }
+};
+
+template <>
+struct Convert<__nv_bfloat16> {
+  using Pair = __nv_bfloat162;
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+    return __float2bfloat16_rn(x);
+  }
+  static __device__ __forceinline__ float2 pair_to_float(__nv_bfloat162 x) {
+    return __bfloat1622float2(x);
+  }
+  static __device__ __forceinline__ __nv_bfloat162 pair_from_float(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+  }
+};
+
+// kVec consecutive elements moved as one memory access: a uint4 (16 bytes) on
+// the vector path, the element itself on the one-element path.
+template <typename T, int kVec>
+struct Access {
+  static_assert(kVec == 1 || kVec * sizeof(T) == 16, "an access is one element or 16 bytes");
+  using Raw = std::conditional_t<kVec == 1, T, uint4>;
+  // 16-bit types with an even count convert two lanes at a time.
+  static constexpr bool kPaired = !std::is_same_v<T, float> && kVec % 2 == 0;
+
+  static __device__ __forceinline__ Raw load(const T* p) {
+    // Read-only path: the input is never written by this kernel.
+    return __ldg(reinterpret_cast<const Raw*>(p));
+  }
+  static __device__ __forceinline__ void store(T* p, const Raw& r) {
+    *reinterpret_cast<Raw*>(p) = r;
+  }
+
+  static __device__ __forceinline__ void unpack(const Raw& r, float (&f)[kVec]) {
+    if constexpr (kPaired) {
+      using Pair = typename Convert<T>::Pair;
+      const Pair* e = reinterpret_cast<const Pair*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec / 2; ++j) {
+        const float2 v = Convert<T>::pair_to_float(e[j]);
+        f[2 * j] = v.x;
+        f[2 * j + 1] = v.y;
+      }
+    } else {
+      const T* e = reinterpret_cast<const T*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) f[j] = Convert<T>::to_float(e[j]);
+    }
+  }
+
+  static __device__ __forceinline__ Raw pack(const float (&f)[kVec]) {
+    Raw r;
+    if constexpr (kPaired) {
+      using Pair = typename Convert<T>::Pair;
+      Pair* e = reinterpret_cast<Pair*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec / 2; ++j) e[j] = Convert<T>::pair_from_float(f[2 * j], f[2 * j + 1]);
+    } else {
+      T* e = reinterpret_cast<T*>(&r);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) e[j] = Convert<T>::from_float(f[j]);
+    }
+    return r;
+  }
+};
+
+// Block layout: blockDim.x threads walk the columns of a row, blockDim.y rows
+// share the block (so short rows still fill a block). The linear block index
+// names (row group, column chunk), chunk fastest, so consecutive blocks stream
+// consecutive memory. A thread touches columns col0 + k * step, k < kUnroll:
+// for each k the warp's accesses are contiguous (coalesced).
+template <typename T, int kVec, int kUnroll, Activation A>
+__global__ void __launch_bounds__(kBlockThreads)
+    act_and_mul_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t rows, int32_t d,
+                       int32_t col_chunks, int64_t num_blocks) {
+  using Acc = Access<T, kVec>;
+  using Raw = typename Acc::Raw;
+  const int32_t step = static_cast<int32_t>(blockDim.x) * kVec;
+  const int32_t chunk = step * kUnroll;
+
+  // Normally one iteration; the loop only matters if the grid had to be capped.
+  for (int64_t b = blockIdx.x; b < num_blocks; b += gridDim.x) {
+    const int64_t row_group = b / col_chunks;
+    const int32_t c_chunk = static_cast<int32_t>(b - row_group * col_chunks);
+    const int64_t row = row_group * blockDim.y + threadIdx.y;
+    if (row >= rows) continue;  // no block-level sync below, so idle rows may leave
+
+    const T* gate = in + row * 2 * d;
+    const T* up = gate + d;
+    T* o = out + row * d;
+    const int32_t col0 = c_chunk * chunk + static_cast<int32_t>(threadIdx.x) * kVec;
+
+    // Issue every load first so they overlap; compute only afterwards. On the
+    // vector path d % kVec == 0, so c < d means the whole access is in the row.
+    Raw g[kUnroll];
+    Raw u[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int32_t c = col0 + k * step;
+      if (c < d) {
+        g[k] = Acc::load(gate + c);
+        u[k] = Acc::load(up + c);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int32_t c = col0 + k * step;
+      if (c < d) {
+        float gf[kVec];
+        float uf[kVec];
+        Acc::unpack(g[k], gf);
+        Acc::unpack(u[k], uf);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) gf[j] = fused_mlp::activate<A>(gf[j]) * uf[j];
+        Acc::store(o + c, Acc::pack(gf));
+      }
+    }
+  }
+}
+
+// SM count of the current device (the caller holds a device guard), looked up
+// once per device: launches stay free of extra runtime calls, also while a CUDA
+// graph is being captured.
+int64_t multiprocessor_count() {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> cached{};  // 0: not looked up yet
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < kMaxDevices) {
+    if (const int n = cached[device].load(std::memory_order_relaxed)) return n;
+  }
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  if (device < kMaxDevices) cached[device].store(count, std::memory_order_relaxed);
+  return count;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+template <typename T, int kVec, int kUnroll, Activation A>
+void launch(T* out, const T* in, int64_t rows, int64_t d, cudaStream_t stream) {
+  const int64_t accesses = d / kVec;  // per row half; exact on the vector path
+
+  // Just enough column threads for one row (a power of two up to a full block),
+  // and as many rows per block as fit, but not more rows than exist.
+  int64_t tx = std::min<int64_t>(kBlockThreads, pow2_at_least(ceil_div(accesses, kUnroll)));
+  const int64_t ty = std::min<int64_t>(kBlockThreads / tx, pow2_at_least(rows));
+  const int64_t row_groups = ceil_div(rows, ty);
+  int64_t chunks = ceil_div(accesses, tx * kUnroll);
+  // With few rows (decode-sized inputs) a handful of blocks would carry the whole
+  // job: cut the rows into narrower chunks, down to one warp wide, so that more
+  // SMs take part. Rows per block stay as they are, so the block count grows.
+  const int64_t sms = multiprocessor_count();
+  while (tx > 32 && row_groups * chunks < sms) {
+    tx /= 2;
+    chunks = ceil_div(accesses, tx * kUnroll);
+  }
+  const int64_t blocks = row_groups * chunks;
+
+  const dim3 block(static_cast<unsigned>(tx), static_cast<unsigned>(ty));
+  const int64_t grid = std::min<int64_t>(blocks, std::numeric_limits<int32_t>::max());
+  act_and_mul_kernel<T, kVec, kUnroll, A><<<static_cast<unsigned>(grid), block, 0, stream>>>(
+      out, in, rows, static_cast<int32_t>(d), static_cast<int32_t>(chunks), blocks);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, Activation A>
+void launch_for_layout(T* out, const T* in, int64_t rows, int64_t d, cudaStream_t stream) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  const bool aligned = d % kVec == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (aligned) {
+    launch<T, kVec, kVectorUnroll, A>(out, in, rows, d, stream);
+  } else {
+    // Row starts fall between 16-byte boundaries: move one element at a time.
+    launch<T, 1, kScalarUnroll, A>(out, in, rows, d, stream);
+  }
+}
+
+template <typename T>
+void dispatch_activation(torch::Tensor& out, const torch::Tensor& input, int64_t activation,
+                         int64_t rows, int64_t d, cudaStream_t stream) {
+  // at::Half / at::BFloat16 share the bit layout of the CUDA types.
+  T* o = reinterpret_cast<T*>(out.mutable_data_ptr());
+  const T* x = reinterpret_cast<const T*>(input.const_data_ptr());
+  FUSED_MLP_DISPATCH_ACTIVATION(activation,
+                                [&] { launch_for_layout<T, kAct>(o, x, rows, d, stream); });
+}
+
+}  // namespace
+
+void act_and_mul_cuda(torch::Tensor& out, const torch::Tensor& input, int64_t activation) {
+  const int64_t d = out.size(-1);
+  const int64_t rows = out.numel() / d;
+  // Column offsets are 32-bit in the kernel; the headroom covers the last chunk's overshoot.
+  TORCH_CHECK(d <= (int64_t{1} << 30), "fused_mlp: act_and_mul: d = ", d,
+              " is larger than the CUDA kernel supports (2^30)");
+  TORCH_CHECK(input.is_cuda(), "fused_mlp: act_and_mul_cuda: input must be a CUDA tensor");
+
+  const c10::cuda::CUDAGuard guard(input.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  switch (input.scalar_type()) {
+    case at::kFloat:
+      dispatch_activation<float>(out, input, activation, rows, d, stream);
+      break;
+    case at::kHalf:
+      dispatch_activation<__half>(out, input, activation, rows, d, stream);
+      break;
+    case at::kBFloat16:
+      dispatch_activation<__nv_bfloat16>(out, input, activation, rows, d, stream);
+      break;
+    default:
+      TORCH_CHECK(false, "fused_mlp: act_and_mul_cuda: unsupported dtype ", input.scalar_type());
+  }
+}
