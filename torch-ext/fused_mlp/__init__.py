@@ -6,7 +6,7 @@ Load it from the Kernel Hub::
     fused_mlp = get_kernel("org/fused-mlp", version=1)
 """
 
-from . import reference
+from . import layers, mapping, reference
 from ._ops import ops
 from .act_and_mul import (
     act_and_mul,
@@ -28,6 +28,8 @@ __all__ = [
     "gelu_tanh_and_mul",
     "gated_mlp",
     "gated_mlp_packed",
+    "layers",
+    "mapping",
     "mlp",
     "ops",
     "quick_gelu_and_mul",

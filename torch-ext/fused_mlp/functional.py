@@ -246,7 +246,7 @@ def mlp(
         if not isinstance(w, torch.Tensor) or w.dim() != 2:
             raise ValueError(f"{name} must be a 2-D tensor")
     conv = weight_layout == "conv1d"
-    dim, hidden = (fc_weight.shape if conv else fc_weight.shape.__reversed__())
+    dim, hidden = fc_weight.shape if conv else (fc_weight.shape[1], fc_weight.shape[0])
     if x.shape[-1] != dim:
         raise ValueError(
             f"x.shape[-1] is {x.shape[-1]} but fc_weight {tuple(fc_weight.shape)} expects dim {dim} "

@@ -1,0 +1,691 @@
+"""Kernel Hub layers: drop-in forwards for the MLP blocks of transformers models.
+
+`kernels.kernelize` swaps a module's `forward` for one of these (see fused_mlp.mapping);
+the forward then runs with `self` being the model's own module, so it reads that
+module's parameters and submodules. Each layer is stateless (no `__init__`, no members
+besides `forward`, `can_torch_compile`, `has_backward`), as the Hub requires.
+
+Every forward has two paths:
+
+* fused: the module's projections are plain `nn.Linear` (or GPT-2 `Conv1D`) with
+  plain float16 / bfloat16 / float32 tensors on CPU or CUDA, the activation is one
+  fused-mlp computes exactly (read from the module instance, see `activation_name`),
+  no dropout is active, autocast is off and no hooks sit on the submodules. Then the
+  block runs as one call of `gated_mlp` / `gated_mlp_packed` / `mlp`.
+* original: anything else runs the block's original computation, written out below
+  from the module's own submodules exactly as transformers writes it. An unknown
+  activation, active dropout, float64, a quantized or wrapped projection, a
+  tensor subclass: all of these get the original function, never a different one.
+
+`FUSED_CALLS` / `ORIGINAL_CALLS` count, per layer name, which path ran (a Python int
+increment; under torch.compile, dynamo replays it after each call of the compiled graph).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .act_and_mul import act_and_mul
+from .activations import torch_activation
+from .functional import gated_mlp, gated_mlp_packed, mlp
+
+__all__ = [
+    "FUSED_CALLS",
+    "ORIGINAL_CALLS",
+    "GatedMLP",
+    "PackedGatedMLP",
+    "Lfm2MLP",
+    "Llama4TextMLP",
+    "SeedOssMLP",
+    "GraniteMoeSharedMLP",
+    "UpDownMLP",
+    "Fc1Fc2MLP",
+    "Qwen3VLVisionMLP",
+    "GPT2MLP",
+    "GPTJMLP",
+    "Starcoder2MLP",
+    "GPTNeoXMLP",
+    "SiluAndMul",
+    "GeluAndMul",
+    "GeluTanhAndMul",
+    "activation_name",
+    "reset_counters",
+    "supports",
+]
+
+# ----------------------------------------------------------------------------- counters
+
+FUSED_CALLS: dict[str, int] = {}
+ORIGINAL_CALLS: dict[str, int] = {}
+
+
+def reset_counters() -> None:
+    FUSED_CALLS.clear()
+    ORIGINAL_CALLS.clear()
+
+
+def _fused(name: str) -> None:
+    FUSED_CALLS[name] = FUSED_CALLS.get(name, 0) + 1
+
+
+def _original(name: str) -> None:
+    ORIGINAL_CALLS[name] = ORIGINAL_CALLS.get(name, 0) + 1
+
+
+# ----------------------------------------------------------------------------- activations
+# Matched by (defining module, class name) so that transformers is never imported and a
+# look-alike class of the same name elsewhere is not taken for one of these.
+
+_TF_ACT = "transformers.activations"
+_TORCH_ACT = "torch.nn.modules.activation"
+
+_ACTIVATION_CLASSES: dict[tuple[str, str], str] = {
+    (_TF_ACT, "SiLUActivation"): "silu",
+    # GELUTanh computes F.gelu(approximate="tanh") (or the same formula in Python);
+    # NewGELU, FastGELU and AccurateGELU write that formula out (FastGELU with
+    # sqrt(2/pi) rounded to 10 digits): the same function up to float rounding.
+    (_TF_ACT, "GELUTanh"): "gelu_tanh",
+    (_TF_ACT, "NewGELUActivation"): "gelu_tanh",
+    (_TF_ACT, "FastGELUActivation"): "gelu_tanh",
+    (_TF_ACT, "AccurateGELUActivation"): "gelu_tanh",
+    # GELUActivation is F.gelu (erf form), or the same erf formula in Python.
+    (_TF_ACT, "GELUActivation"): "gelu",
+    (_TF_ACT, "QuickGELUActivation"): "quick_gelu",
+    (_TF_ACT, "ReLUSquaredActivation"): "relu2",
+    (_TF_ACT, "LinearActivation"): "identity",
+    (_TORCH_ACT, "SiLU"): "silu",
+    (_TORCH_ACT, "ReLU"): "relu",
+    ("torch.nn.modules.linear", "Identity"): "identity",
+}
+
+
+def activation_name(act) -> Optional[str]:
+    """The fused-mlp activation that `act` (a module's activation attribute) computes,
+    or None when it is not one fused-mlp computes exactly (then: original computation).
+
+    Read from the instance: its class (transformers.activations or torch.nn, matched
+    by module and class name), nn.GELU's `approximate`, or a plain torch function.
+    The instance is what the original forward calls, so it decides, not a config name.
+    A module with hooks or a forward replaced on the instance (by a user, or by another
+    kernelize) is not assumed to compute its class's function.
+    """
+    if isinstance(act, nn.Module):
+        if not _no_hooks(act):
+            return None
+        cls = type(act)
+        key = (cls.__module__, cls.__name__)
+        name = _ACTIVATION_CLASSES.get(key)
+        if name is not None:
+            return name
+        if key == (_TORCH_ACT, "GELU"):
+            approx = getattr(act, "approximate", None)
+            if approx == "none":
+                return "gelu"
+            if approx == "tanh":
+                return "gelu_tanh"
+        return None
+    if act is F.silu:
+        return "silu"
+    if act is F.gelu:
+        return "gelu"
+    if act is F.relu or act is torch.relu:
+        return "relu"
+    return None
+
+
+# ----------------------------------------------------------------------------- checks
+
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FUSED_DEVICES = ("cuda", "cpu")
+
+
+def _no_hooks(m: nn.Module) -> bool:
+    # The fused path reads the weights instead of calling the submodule, so it must not
+    # skip anything the submodule's call would run: hooks, or a forward replaced on the
+    # instance (accelerate's offload hooks, adapters, other kernels).
+    return not (
+        m._forward_hooks
+        or m._forward_pre_hooks
+        or m._backward_hooks
+        or m._backward_pre_hooks
+        or "forward" in m.__dict__
+    )
+
+
+# nn.Linear subclasses whose forward is F.linear's function written out (x @ W.T + b).
+_LINEAR_EQUIVALENTS = {
+    ("transformers.models.falcon.modeling_falcon", "FalconLinear"),
+}
+
+
+def _no_global_hooks() -> bool:
+    # Module hooks registered for every module (torch.nn.modules.module.register_module_*).
+    g = torch.nn.modules.module
+    return not (g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks
+                or g._global_backward_pre_hooks)
+
+
+def _is_linear(m) -> bool:
+    cls = type(m)
+    return (cls is nn.Linear or (cls.__module__, cls.__name__) in _LINEAR_EQUIVALENTS) and _no_hooks(m)
+
+
+def _is_conv1d(m) -> bool:
+    cls = type(m)
+    return cls.__name__ == "Conv1D" and cls.__module__ == "transformers.pytorch_utils" and _no_hooks(m)
+
+
+def _plain(t) -> bool:
+    return t is None or type(t) is nn.Parameter or type(t) is torch.Tensor
+
+
+def _tensors_ok(x, tensors) -> bool:
+    """x and the weights/biases can go to the fused op: same float dtype and device,
+    plain tensors (not quantized or other subclasses), CPU or CUDA, autocast off."""
+    if type(x) is not torch.Tensor:
+        return False
+    if x.dtype not in _FUSED_DTYPES or x.device.type not in _FUSED_DEVICES:
+        return False
+    if torch.is_autocast_enabled(x.device.type):
+        # The original runs its matmuls in the autocast dtype; the fused op would not.
+        return False
+    if not _no_global_hooks():
+        return False
+    for t in tensors:
+        if t is None:
+            continue
+        if not _plain(t) or t.dtype != x.dtype or t.device != x.device:
+            return False
+    return True
+
+
+def _dropout_inactive(d) -> bool:
+    return type(d) is nn.Dropout and (not d.training or d.p == 0)
+
+
+def _linear_tensors(*mods):
+    out = []
+    for m in mods:
+        out.append(m.weight)
+        out.append(m.bias)
+    return out
+
+
+# ----------------------------------------------------------------------------- gated MLPs
+
+
+class GatedMLP(nn.Module):
+    """down_proj(act_fn(gate_proj(x)) * up_proj(x)): Llama, Mistral, Qwen2/3, Gemma 1/2/3,
+    OLMo, Granite, SmolLM3, Cohere and every other transformers MLP of that form."""
+
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    act_fn: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x):
+        act = activation_name(self.act_fn)
+        g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        if (
+            act is not None
+            and _is_linear(g)
+            and _is_linear(u)
+            and _is_linear(d)
+            and _tensors_ok(x, _linear_tensors(g, u, d))
+        ):
+            _fused("GatedMLP")
+            return gated_mlp(
+                x, g.weight, u.weight, d.weight, act,
+                gate_bias=g.bias, up_bias=u.bias, down_bias=d.bias,
+            )
+        _original("GatedMLP")
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PackedGatedMLP(nn.Module):
+    """down_proj(up * activation_fn(gate)) with gate, up = gate_up_proj(x).chunk(2, -1):
+    Phi-3, GLM, Dia and the other transformers MLPs with one packed [2H, D] projection."""
+
+    gate_up_proj: nn.Linear
+    down_proj: nn.Linear
+    activation_fn: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        act = activation_name(self.activation_fn)
+        gu, d = self.gate_up_proj, self.down_proj
+        if (
+            act is not None
+            and _is_linear(gu)
+            and _is_linear(d)
+            and gu.weight.shape[0] % 2 == 0
+            and _tensors_ok(hidden_states, _linear_tensors(gu, d))
+        ):
+            _fused("PackedGatedMLP")
+            return gated_mlp_packed(
+                hidden_states, gu.weight, d.weight, act, gate_up_bias=gu.bias, down_bias=d.bias
+            )
+        _original("PackedGatedMLP")
+        up_states = self.gate_up_proj(hidden_states)
+        gate, up_states = up_states.chunk(2, dim=-1)
+        up_states = up_states * self.activation_fn(gate)
+        return self.down_proj(up_states)
+
+
+class Lfm2MLP(nn.Module):
+    """w2(silu(w1(x)) * w3(x)) with SiLU written into the forward: LFM2, LFM2-MoE (dense layers)."""
+
+    w1: nn.Linear
+    w2: nn.Linear
+    w3: nn.Linear
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x):
+        w1, w2, w3 = self.w1, self.w2, self.w3
+        if _is_linear(w1) and _is_linear(w2) and _is_linear(w3) and _tensors_ok(x, _linear_tensors(w1, w3, w2)):
+            _fused("Lfm2MLP")
+            return gated_mlp(
+                x, w1.weight, w3.weight, w2.weight, "silu",
+                gate_bias=w1.bias, up_bias=w3.bias, down_bias=w2.bias,
+            )
+        _original("Lfm2MLP")
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Llama4TextMLP(nn.Module):
+    """down_proj(activation_fn(gate_proj(x)) * up_proj(x)): Llama 4's dense and shared-expert MLP."""
+
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    activation_fn: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x):
+        act = activation_name(self.activation_fn)
+        g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        if (
+            act is not None
+            and _is_linear(g)
+            and _is_linear(u)
+            and _is_linear(d)
+            and _tensors_ok(x, _linear_tensors(g, u, d))
+        ):
+            _fused("Llama4TextMLP")
+            return gated_mlp(
+                x, g.weight, u.weight, d.weight, act,
+                gate_bias=g.bias, up_bias=u.bias, down_bias=d.bias,
+            )
+        _original("Llama4TextMLP")
+        down_proj = self.activation_fn(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(down_proj)
+
+
+class SeedOssMLP(nn.Module):
+    """F.dropout(down_proj(act_fn(gate_proj(x)) * up_proj(x)), p=residual_dropout,
+    training=self.training): Seed-OSS. Fused only in eval mode or with residual_dropout == 0."""
+
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    act_fn: nn.Module
+    residual_dropout: float
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x):
+        act = activation_name(self.act_fn)
+        g, u, d = self.gate_proj, self.up_proj, self.down_proj
+        if (
+            act is not None
+            and (not self.training or self.residual_dropout == 0)
+            and _is_linear(g)
+            and _is_linear(u)
+            and _is_linear(d)
+            and _tensors_ok(x, _linear_tensors(g, u, d))
+        ):
+            _fused("SeedOssMLP")
+            return gated_mlp(
+                x, g.weight, u.weight, d.weight, act,
+                gate_bias=g.bias, up_bias=u.bias, down_bias=d.bias,
+            )
+        _original("SeedOssMLP")
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        down_proj = nn.functional.dropout(down_proj, p=self.residual_dropout, training=self.training)
+        return down_proj
+
+
+class GraniteMoeSharedMLP(nn.Module):
+    """output_linear(activation(h[0]) * h[1]) with h = input_linear(x).chunk(2, -1): the shared
+    MLP of GraniteMoeShared / GraniteMoeHybrid (Granite 4)."""
+
+    input_linear: nn.Linear
+    output_linear: nn.Linear
+    activation: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        act = activation_name(self.activation)
+        i, o = self.input_linear, self.output_linear
+        if (
+            act is not None
+            and _is_linear(i)
+            and _is_linear(o)
+            and i.weight.shape[0] % 2 == 0
+            and _tensors_ok(hidden_states, _linear_tensors(i, o))
+        ):
+            _fused("GraniteMoeSharedMLP")
+            return gated_mlp_packed(hidden_states, i.weight, o.weight, act, gate_up_bias=i.bias, down_bias=o.bias)
+        _original("GraniteMoeSharedMLP")
+        hidden_states = self.input_linear(hidden_states)
+        chunked_hidden_states = hidden_states.chunk(2, dim=-1)
+        hidden_states = self.activation(chunked_hidden_states[0]) * chunked_hidden_states[1]
+        hidden_states = self.output_linear(hidden_states)
+        return hidden_states
+
+
+# ----------------------------------------------------------------------------- plain MLPs
+
+
+def _plain_mlp(x, fc, proj, act: Optional[str]):
+    """(fused output) or None when the fused path does not apply."""
+    if act is None:
+        return None
+    if _is_linear(fc) and _is_linear(proj):
+        layout = "linear"
+    elif _is_conv1d(fc) and _is_conv1d(proj):
+        layout = "conv1d"
+    else:
+        return None
+    if not _tensors_ok(x, _linear_tensors(fc, proj)):
+        return None
+    return mlp(x, fc.weight, fc.bias, proj.weight, proj.bias, act, layout)
+
+
+class UpDownMLP(nn.Module):
+    """down_proj(act_fn(up_proj(x))): Nemotron, Arcee, Apertus, Jais2, ..."""
+
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    act_fn: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x):
+        y = _plain_mlp(x, self.up_proj, self.down_proj, activation_name(self.act_fn))
+        if y is not None:
+            _fused("UpDownMLP")
+            return y
+        _original("UpDownMLP")
+        return self.down_proj(self.act_fn(self.up_proj(x)))
+
+
+class Fc1Fc2MLP(nn.Module):
+    """fc2(activation_fn(fc1(x))): CLIP, SigLIP, ViT-style encoders, OPT-style blocks, ..."""
+
+    fc1: nn.Linear
+    fc2: nn.Linear
+    activation_fn: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        y = _plain_mlp(hidden_states, self.fc1, self.fc2, activation_name(self.activation_fn))
+        if y is not None:
+            _fused("Fc1Fc2MLP")
+            return y
+        _original("Fc1Fc2MLP")
+        hidden_states = self.fc1(hidden_states)
+        hidden_states = self.activation_fn(hidden_states)
+        hidden_states = self.fc2(hidden_states)
+        return hidden_states
+
+
+class Qwen3VLVisionMLP(nn.Module):
+    """linear_fc2(act_fn(linear_fc1(x))): the vision MLPs of Qwen3-VL, Qwen3.5, Qwen3-Omni."""
+
+    linear_fc1: nn.Linear
+    linear_fc2: nn.Linear
+    act_fn: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_state):
+        y = _plain_mlp(hidden_state, self.linear_fc1, self.linear_fc2, activation_name(self.act_fn))
+        if y is not None:
+            _fused("Qwen3VLVisionMLP")
+            return y
+        _original("Qwen3VLVisionMLP")
+        return self.linear_fc2(self.act_fn(self.linear_fc1(hidden_state)))
+
+
+class GPTNeoXMLP(nn.Module):
+    """dense_4h_to_h(act(dense_h_to_4h(x))): GPT-NeoX, GPT-NeoX-Japanese, Falcon, Persimmon."""
+
+    dense_h_to_4h: nn.Linear
+    dense_4h_to_h: nn.Linear
+    act: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        y = _plain_mlp(hidden_states, self.dense_h_to_4h, self.dense_4h_to_h, activation_name(self.act))
+        if y is not None:
+            _fused("GPTNeoXMLP")
+            return y
+        _original("GPTNeoXMLP")
+        hidden_states = self.dense_h_to_4h(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.dense_4h_to_h(hidden_states)
+        return hidden_states
+
+
+class GPT2MLP(nn.Module):
+    """dropout(c_proj(act(c_fc(x)))) with Conv1D (GPT-2, ImageGPT, ...) or nn.Linear
+    (GPT-BigCode, GPT-Neo) projections. Fused only while the dropout is inactive
+    (eval mode or p == 0): then it is the identity and the fused output is returned."""
+
+    c_fc: nn.Module
+    c_proj: nn.Module
+    act: nn.Module
+    dropout: nn.Dropout
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        if _dropout_inactive(self.dropout):
+            y = _plain_mlp(hidden_states, self.c_fc, self.c_proj, activation_name(self.act))
+            if y is not None:
+                _fused("GPT2MLP")
+                return y
+        _original("GPT2MLP")
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        return hidden_states
+
+
+class GPTJMLP(nn.Module):
+    """dropout(fc_out(act(fc_in(x)))): GPT-J, CodeGen. Fused only while the dropout is inactive."""
+
+    fc_in: nn.Linear
+    fc_out: nn.Linear
+    act: nn.Module
+    dropout: nn.Dropout
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        if _dropout_inactive(self.dropout):
+            y = _plain_mlp(hidden_states, self.fc_in, self.fc_out, activation_name(self.act))
+            if y is not None:
+                _fused("GPTJMLP")
+                return y
+        _original("GPTJMLP")
+        hidden_states = self.fc_in(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.fc_out(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        return hidden_states
+
+
+class Starcoder2MLP(nn.Module):
+    """F.dropout(c_proj(act(c_fc(x))), p=residual_dropout, training=self.training):
+    StarCoder2. Fused only in eval mode or with residual_dropout == 0."""
+
+    c_fc: nn.Linear
+    c_proj: nn.Linear
+    act: nn.Module
+    residual_dropout: float
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        if not self.training or self.residual_dropout == 0:
+            y = _plain_mlp(hidden_states, self.c_fc, self.c_proj, activation_name(self.act))
+            if y is not None:
+                _fused("Starcoder2MLP")
+                return y
+        _original("Starcoder2MLP")
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.residual_dropout, training=self.training)
+        return hidden_states
+
+
+# ----------------------------------------------------------------------------- act-and-mul
+# Same names and forward as kernels-community/activation's layers:
+# forward(x) = act(x[..., :d]) * x[..., d:], output allocated inside.
+# Under torch.compile they emit that formula, which inductor fuses into one elementwise
+# kernel itself (and fused_mlp.act_and_mul's kernel-availability check is not traceable).
+
+
+def _act_and_mul_layer(x, activation: str, name: str):
+    fusable = (
+        not torch.compiler.is_compiling()
+        and type(x) is torch.Tensor
+        and x.dim() >= 1
+        and x.shape[-1] % 2 == 0
+        and x.dtype in _FUSED_DTYPES
+        and x.device.type in _FUSED_DEVICES
+        # act_and_mul writes into `out` and has no autograd formula.
+        and not (x.requires_grad and torch.is_grad_enabled())
+    )
+    d = x.shape[-1] // 2
+    if fusable:
+        _fused(name)
+        out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
+        return act_and_mul(out, x, activation)
+    _original(name)
+    return torch_activation(activation)(x[..., :d]) * x[..., d:]
+
+
+class SiluAndMul(nn.Module):
+    """silu(x[..., :d]) * x[..., d:]"""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _act_and_mul_layer(x, "silu", "SiluAndMul")
+
+
+class GeluAndMul(nn.Module):
+    """gelu(x[..., :d]) * x[..., d:] (erf GELU)"""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _act_and_mul_layer(x, "gelu", "GeluAndMul")
+
+
+class GeluTanhAndMul(nn.Module):
+    """gelu_tanh(x[..., :d]) * x[..., d:]"""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _act_and_mul_layer(x, "gelu_tanh", "GeluTanhAndMul")
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def _linear_attrs(*names):
+    return lambda m: all(_is_linear(getattr(m, n, None)) for n in names)
+
+
+def _act_attr(name):
+    return lambda m: activation_name(getattr(m, name, None)) is not None
+
+
+def _gpt2_projs(m) -> bool:
+    fc, proj = getattr(m, "c_fc", None), getattr(m, "c_proj", None)
+    return (_is_linear(fc) and _is_linear(proj)) or (_is_conv1d(fc) and _is_conv1d(proj))
+
+
+# What a module instance needs for a layer's fused path to be possible at all (dtype,
+# device, dropout and autocast are checked per call). The kernelize condition uses it.
+_STRUCTURE = {
+    "GatedMLP": (_linear_attrs("gate_proj", "up_proj", "down_proj"), _act_attr("act_fn")),
+    "PackedGatedMLP": (_linear_attrs("gate_up_proj", "down_proj"), _act_attr("activation_fn")),
+    "Lfm2MLP": (_linear_attrs("w1", "w2", "w3"),),
+    "Llama4TextMLP": (_linear_attrs("gate_proj", "up_proj", "down_proj"), _act_attr("activation_fn")),
+    "SeedOssMLP": (_linear_attrs("gate_proj", "up_proj", "down_proj"), _act_attr("act_fn"),
+                   lambda m: isinstance(getattr(m, "residual_dropout", None), (int, float))),
+    "GraniteMoeSharedMLP": (_linear_attrs("input_linear", "output_linear"), _act_attr("activation")),
+    "Qwen3VLVisionMLP": (_linear_attrs("linear_fc1", "linear_fc2"), _act_attr("act_fn")),
+    "UpDownMLP": (_linear_attrs("up_proj", "down_proj"), _act_attr("act_fn")),
+    "Fc1Fc2MLP": (_linear_attrs("fc1", "fc2"), _act_attr("activation_fn")),
+    "GPTNeoXMLP": (_linear_attrs("dense_h_to_4h", "dense_4h_to_h"), _act_attr("act")),
+    "GPT2MLP": (_gpt2_projs, _act_attr("act"), lambda m: type(getattr(m, "dropout", None)) is nn.Dropout),
+    "GPTJMLP": (_linear_attrs("fc_in", "fc_out"), _act_attr("act"),
+                lambda m: type(getattr(m, "dropout", None)) is nn.Dropout),
+    "Starcoder2MLP": (_linear_attrs("c_fc", "c_proj"), _act_attr("act"),
+                      lambda m: isinstance(getattr(m, "residual_dropout", None), (int, float))),
+    "SiluAndMul": (),
+    "GeluAndMul": (),
+    "GeluTanhAndMul": (),
+}
+
+MLP_LAYERS: tuple[str, ...] = (
+    "GatedMLP", "PackedGatedMLP", "Lfm2MLP", "Llama4TextMLP", "SeedOssMLP", "GraniteMoeSharedMLP",
+    "UpDownMLP", "Fc1Fc2MLP", "Qwen3VLVisionMLP", "GPTNeoXMLP", "GPT2MLP", "GPTJMLP", "Starcoder2MLP",
+)
+ACTIVATION_LAYERS: tuple[str, ...] = ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul")
+
+
+def supports(module: nn.Module, layer_name: str) -> bool:
+    """Whether `module` has the submodules `layer_name`'s fused path needs (plain
+    projections, a supported activation). False means: keep the original forward."""
+    checks = _STRUCTURE.get(layer_name)
+    if checks is None:
+        return False
+    return all(check(module) for check in checks)
