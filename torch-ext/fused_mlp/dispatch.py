@@ -2,15 +2,166 @@
 
 Every public function (functional.py) and every layer goes through here; no other
 module picks a kernel. Inputs arrive 2-D ([M, D]), validated, activation canonical.
+
+Paths, by (device, dtype, shape):
+
+    "decode"           CUDA, bf16/fp16, 0 < M <= DECODE_MAX_M[capability], nn.Linear layout
+                       with unit-stride weight rows, decode.py present and available:
+                       decode.py's small-M kernels
+    "triton"           CUDA, fp16/bf16/fp32, compute capability >= 8.0, Triton importable:
+                       triton_gemm (fused first GEMM + epilogue, cuBLAS second GEMM)
+    "triton-interpret" FUSED_MLP_INTERPRET=1 or TRITON_INTERPRET=1, CPU tensors (fp16/bf16/fp32):
+                       the same Triton kernels under Triton's interpreter (CI without a GPU)
+    "cpu-act-and-mul"  CPU gated MLP, fp16/bf16/fp32, with this build's compiled CPU act_and_mul:
+                       gate and up GEMMs into the two halves of one [M, 2H] buffer, then act_and_mul
+    "reference"        everything else (float64, meta, other devices, older GPUs, no Triton,
+                       tensors too large for 32-bit indexing): reference.py
+
+`explain(x2d, kind)` says which path would run, without running it.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
+import os
+import warnings
+from typing import NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 
+from . import act_and_mul as _act_and_mul
 from . import reference
+from .activations import activation_id
+
+Tensor = torch.Tensor
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DECODE_DTYPES = (torch.float16, torch.bfloat16)
+# The Triton kernels index with 32-bit offsets; larger tensors go to cuBLAS (reference).
+_MAX_NUMEL = 2**31 - 1
+
+# ---- decode hook ----------------------------------------------------------------------
+# Largest M (tokens) for which decode.py's kernels beat the Triton path, by compute
+# capability. TO BE MEASURED on each GPU (A100 = (8, 0), H100/H200 = (9, 0)); 16 is a
+# placeholder. Capabilities not listed never take the decode path.
+DECODE_MAX_M: dict[tuple[int, int], int] = {
+    (8, 0): 16,
+    (9, 0): 16,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_module():
+    """decode.py, or None where it is absent (or fails to load: then with a warning)."""
+    try:
+        from . import decode
+    except ImportError:
+        return None
+    except Exception as e:  # a broken decode.py must not take the other paths down
+        warnings.warn(f"fused_mlp: decode.py failed to load ({type(e).__name__}: {e}); decode path off")
+        return None
+    return decode
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_available(device: torch.device) -> bool:
+    mod = _decode_module()
+    return mod is not None and bool(mod.available(device))
+
+
+def _decode_max_m(device: torch.device, cap: tuple[int, int]) -> int:
+    """The largest M for the decode path; 0 where decode.py is absent or unavailable."""
+    limit = DECODE_MAX_M.get(cap, 0)
+    if limit <= 0 or not _decode_available(device):
+        return 0
+    return min(limit, getattr(_decode_module(), "MAX_M", 64))
+
+
+# ---- Triton -------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_gemm():
+    """The triton_gemm module, or None where Triton cannot be imported."""
+    try:
+        from . import triton_gemm
+    except ImportError:
+        return None
+    return triton_gemm
+
+
+def _interpret_requested() -> bool:
+    on = ("1", "true", "yes", "on")
+    return (os.environ.get("FUSED_MLP_INTERPRET", "").lower() in on
+            or os.environ.get("TRITON_INTERPRET", "").lower() in on)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+# ---- the choice ---------------------------------------------------------------------
+
+
+class Choice(NamedTuple):
+    path: str
+    reason: str
+
+
+def _too_large(*tensors: Optional[Tensor]) -> bool:
+    return any(t is not None and t.numel() > _MAX_NUMEL for t in tensors)
+
+
+def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
+           weight_layout: str = "linear") -> Choice:
+    """The path for x [M, D] of an MLP of `kind` ("gated" or "mlp"), with a reason."""
+    if kind not in ("gated", "mlp"):
+        raise ValueError(f"kind={kind!r} must be 'gated' or 'mlp'")
+    dev, dtype, m = x.device, x.dtype, x.shape[0]
+    if dtype not in _TRITON_DTYPES:
+        return Choice("reference", f"dtype {dtype} runs on the reference path")
+    if _too_large(x, *weights) or m * hidden > _MAX_NUMEL:
+        return Choice("reference", "a tensor exceeds 2**31 - 1 elements (32-bit indexing)")
+    if dev.type == "cuda":
+        if _interpret_requested() and _triton_gemm() is not None and _triton_gemm().INTERPRETED:
+            return Choice("triton-interpret", "TRITON_INTERPRET=1 was set when Triton kernels were loaded")
+        cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
+        if cap < (8, 0):
+            return Choice("reference", f"compute capability {cap} < (8, 0)")
+        if (dtype in _DECODE_DTYPES and (kind == "gated" or weight_layout == "linear")
+                and all(w.stride(-1) == 1 for w in weights)  # decode.py reads unit-stride rows
+                and 0 < m <= _decode_max_m(dev, cap)):
+            return Choice("decode", f"M={m} <= DECODE_MAX_M for capability {cap}")
+        if _triton_gemm() is None:
+            return Choice("reference", "Triton is not importable")
+        return Choice("triton", f"CUDA capability {cap}, {dtype}")
+    if dev.type == "cpu":
+        if _interpret_requested():
+            if _triton_gemm() is None:
+                return Choice("reference", "interpretation requested but Triton is not importable")
+            return Choice("triton-interpret", "FUSED_MLP_INTERPRET / TRITON_INTERPRET is set")
+        if kind == "gated" and _act_and_mul.has_compiled_kernel("act_and_mul", dev):
+            return Choice("cpu-act-and-mul", "CPU with this build's compiled act_and_mul")
+        return Choice("reference", "CPU")
+    return Choice("reference", f"device type {dev.type!r}")
+
+
+def explain(x: Tensor, kind: str = "gated", weight_layout: str = "linear", verbose: bool = False) -> str:
+    """Which path an MLP of `kind` ("gated" / "mlp") would take for 2-D x: the path name
+    ("decode", "triton", "triton-interpret", "cpu-act-and-mul", "reference"), or with
+    verbose=True "name: reason". Shapes beyond x (the 32-bit index limit) are not considered."""
+    c = choose(x, kind, weight_layout=weight_layout)
+    return f"{c.path}: {c.reason}" if verbose else c.path
+
+
+def _kernels(path: str):
+    mod = _triton_gemm()
+    return mod.interpreted_module() if path == "triton-interpret" else mod
+
+
+# ---- entry points (called by functional.py) ----------------------------------------
 
 
 def gated_mlp_forward(
@@ -23,6 +174,16 @@ def gated_mlp_forward(
     up_bias: Optional[torch.Tensor],
     down_bias: Optional[torch.Tensor],
 ) -> torch.Tensor:
+    hidden = gate_weight.shape[0]
+    path = choose(x, "gated", (gate_weight, up_weight, down_weight), hidden).path
+    if path in ("triton", "triton-interpret"):
+        return _kernels(path).gated_mlp(
+            x, gate_weight, up_weight, down_weight, activation_id(activation), gate_bias, up_bias, down_bias)
+    if path == "decode":
+        return _decode_module().gated_mlp(
+            x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
+    if path == "cpu-act-and-mul":
+        return _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
     return reference.gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
 
 
@@ -35,4 +196,26 @@ def mlp_forward(
     activation: str,
     weight_layout: str,
 ) -> torch.Tensor:
+    hidden = fc_weight.shape[1] if weight_layout == "conv1d" else fc_weight.shape[0]
+    path = choose(x, "mlp", (fc_weight, proj_weight), hidden, weight_layout).path
+    if path in ("triton", "triton-interpret"):
+        return _kernels(path).mlp(
+            x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id(activation), weight_layout)
+    if path == "decode":
+        return _decode_module().mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation)
     return reference.mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
+
+
+def _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias):
+    """Gate and up GEMMs written straight into the halves of one [M, 2H] buffer (no
+    concatenation), the compiled CPU act_and_mul into h, then the down GEMM."""
+    m, hidden = x.shape[0], gate_weight.shape[0]
+    gu = torch.empty((m, 2 * hidden), device=x.device, dtype=x.dtype)
+    for w, b, half in ((gate_weight, gate_bias, gu[:, :hidden]), (up_weight, up_bias, gu[:, hidden:])):
+        if b is None:
+            torch.mm(x, w.t(), out=half)
+        else:
+            torch.addmm(b, x, w.t(), out=half)
+    h = torch.empty((m, hidden), device=x.device, dtype=x.dtype)
+    _act_and_mul.act_and_mul(h, gu, activation)
+    return F.linear(h, down_weight, down_bias)

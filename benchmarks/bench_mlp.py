@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""Forward-pass benchmark of fused-mlp against its peers, in one process on one GPU.
+
+    KERNELS_CACHE=... HF_HUB_OFFLINE=1 python benchmarks/bench_mlp.py [--quick] [--cases swiglu]
+
+fused-mlp is loaded the way users load it: kernels.get_kernel("org/fused-mlp", version=1).
+
+First the two ceilings of this GPU are measured: device copy bandwidth (bytes read +
+written per second) and the bf16 matmul rate (8192^3 on random data). Then, per case:
+
+    ours        fused_mlp.gated_mlp / fused_mlp.mlp
+    eager       3 F.linear + activation + multiply (gated); Linear+bias, act, Linear+bias (plain)
+    compile     torch.compile (default mode, static shapes, compiled afresh per case) of eager
+    liger       Liger-Kernel's fused act*mul (swiglu / geglu) between cuBLAS linears, if importable
+    gemms_only  the GEMMs alone (no activation, no multiply): what the block costs in cuBLAS
+    floor       max(FLOPs / matmul rate, minimal bytes / copy bandwidth); the bf16 rate is
+                used for fp16 too (same tensor-core peak on A100 / H100 / H200)
+
+Every output is first checked against an fp32 reference (a failing implementation is
+reported and gets no time). Timing "events": triton.testing.do_bench, median, L2 flushed
+between runs; timing "graph" (M <= 128): the same, replaying a CUDA graph of one call,
+which removes the CPU launch overhead. "ours / best" compares with the fastest of eager,
+compile and liger (gemms_only and the floor are references, not implementations).
+
+Output: a table on stdout, JSON in --out (rows of {case, timing, ours_ms, peers_ms,
+floor_ms}), and a PNG next to it if matplotlib is importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_forward_h200.json"
+REAL_PEERS = ("eager", "compile", "liger")
+PEERS = REAL_PEERS + ("gemms_only",)
+GRAPH_MAX_M = 128
+TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "gated" or "mlp"
+    activation: str
+    m: int
+    d: int
+    h: int
+    dtype: torch.dtype
+    bias: bool
+
+    @property
+    def flops(self) -> float:
+        gemms = 3 if self.kind == "gated" else 2
+        return 2.0 * self.m * self.d * self.h * gemms
+
+    @property
+    def min_bytes(self) -> float:
+        """Read x and the weights (and biases) once, write y once."""
+        n_w = (3 if self.kind == "gated" else 2) * self.h * self.d
+        n_b = (self.h + self.d) if self.bias else 0
+        return float(2 * self.m * self.d + n_w + n_b) * torch.finfo(self.dtype).bits / 8
+
+
+def all_cases() -> list[Case]:
+    cases = []
+    for dt, suffix in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        cases.append(Case(f"geglu_m8192_d768_h3072_{suffix}", "gated", "gelu_tanh", 8192, 768, 3072, dt, False))
+        for m in (128, 512, 4096, 16384):
+            cases.append(Case(f"swiglu_m{m}_d4096_h14336_{suffix}", "gated", "silu", m, 4096, 14336, dt, False))
+        cases.append(Case(f"mlp_gelu_tanh_m8192_d768_h3072_{suffix}", "mlp", "gelu_tanh", 8192, 768, 3072, dt, True))
+    return cases
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+class Timer:
+    def __init__(self, device: str, quick: bool):
+        self.device = device
+        self.warmup, self.rep = (5, 20) if quick else (25, 100)
+
+    def __call__(self, fn) -> float:
+        if self.device == "cuda":
+            import triton.testing
+
+            return float(triton.testing.do_bench(fn, warmup=self.warmup, rep=self.rep, return_mode="median"))
+        fn()  # CPU (a dry run of this script): plain wall-clock median
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        return sorted(times)[len(times) // 2]
+
+
+def graphed(fn):
+    """A CUDA graph of one call of fn (warmed up on a side stream first); returns its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def ceilings(timer: Timer, device: str, quick: bool) -> dict:
+    """Copy bandwidth (read + write) and the bf16 matmul rate of this device."""
+    n = (1 << 28) if device == "cuda" else (1 << 22)  # 512 MiB of bf16 per buffer on the GPU
+    src = torch.empty(n, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    ms = timer(lambda: dst.copy_(src))
+    bw = 2 * src.numel() * src.element_size() / (ms * 1e-3)
+    del src, dst
+    s = 8192 if device == "cuda" else 512
+    a = torch.randn(s, s, dtype=torch.bfloat16, device=device)
+    b = torch.randn(s, s, dtype=torch.bfloat16, device=device)
+    ms = timer(lambda: torch.mm(a, b))
+    rate = 2.0 * s**3 / (ms * 1e-3)
+    return {"copy_bytes_per_s": bw, "bf16_matmul_flop_per_s": rate, "matmul_size": s, "copy_buffer_bytes": n * 2}
+
+
+# ----------------------------------------------------------------------------- implementations
+
+_ACT = {
+    "silu": F.silu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+def eager_gated(x, wg, wu, wd, activation: str):
+    return F.linear(_ACT[activation](F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def eager_mlp(x, w1, b1, w2, b2, activation: str):
+    return F.linear(_ACT[activation](F.linear(x, w1, b1)), w2, b2)
+
+
+def load_liger():
+    try:
+        from liger_kernel.ops.geglu import LigerGELUMulFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except Exception as e:  # not installed, or not importable with this torch/triton
+        print(f"[bench] Liger-Kernel not available: {type(e).__name__}: {e}", flush=True)
+        return None
+    return {"silu": LigerSiLUMulFunction.apply, "gelu_tanh": LigerGELUMulFunction.apply}
+
+
+def make_inputs(c: Case, device: str, seed: int) -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * scale).to(c.dtype)
+
+    t = {"x": rnd(c.m, c.d)}
+    if c.kind == "gated":
+        t.update(wg=rnd(c.h, c.d, scale=c.d**-0.5), wu=rnd(c.h, c.d, scale=c.d**-0.5),
+                 wd=rnd(c.d, c.h, scale=c.h**-0.5))
+    else:
+        t.update(w1=rnd(c.h, c.d, scale=c.d**-0.5), b1=rnd(c.h, scale=0.1) if c.bias else None,
+                 w2=rnd(c.d, c.h, scale=c.h**-0.5), b2=rnd(c.d, scale=0.1) if c.bias else None)
+    t["h_buf"] = rnd(c.m, c.h)  # input of the last GEMM for gemms_only
+    return t
+
+
+def reference(c: Case, t: dict) -> torch.Tensor:
+    """fp32 on the same (rounded) inputs, without TF32."""
+    f = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        if c.kind == "gated":
+            return eager_gated(f["x"], f["wg"], f["wu"], f["wd"], c.activation)
+        return eager_mlp(f["x"], f["w1"], f["b1"], f["w2"], f["b2"], c.activation)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def implementations(c: Case, t: dict, fm, compiled, liger) -> dict:
+    """name -> zero-argument callable returning the output (None where n/a)."""
+    x, act = t["x"], c.activation
+    if c.kind == "gated":
+        wg, wu, wd = t["wg"], t["wu"], t["wd"]
+        impl = {
+            "ours": lambda: fm.gated_mlp(x, wg, wu, wd, act),
+            "eager": lambda: eager_gated(x, wg, wu, wd, act),
+            "compile": (lambda: compiled["gated"](x, wg, wu, wd, act)) if compiled else None,
+            "liger": None,
+        }
+        if liger is not None and act in liger:
+            fn = liger[act]
+            impl["liger"] = lambda: F.linear(fn(F.linear(x, wg), F.linear(x, wu)), wd)
+        hb = t["h_buf"]
+
+        def gemms():
+            F.linear(x, wg)
+            F.linear(x, wu)
+            return F.linear(hb, wd)
+
+        impl["gemms_only"] = gemms
+    else:
+        w1, b1, w2, b2 = t["w1"], t["b1"], t["w2"], t["b2"]
+        impl = {
+            "ours": lambda: fm.mlp(x, w1, b1, w2, b2, act),
+            "eager": lambda: eager_mlp(x, w1, b1, w2, b2, act),
+            "compile": (lambda: compiled["mlp"](x, w1, b1, w2, b2, act)) if compiled else None,
+            "liger": None,  # Liger has no plain-MLP kernel
+        }
+        hb = t["h_buf"]
+
+        def gemms():
+            F.linear(x, w1, b1)
+            return F.linear(hb, w2, b2)
+
+        impl["gemms_only"] = gemms
+    return impl
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.float()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def run(args) -> dict:
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("[bench] no CUDA device")
+    from kernels import get_kernel
+
+    fm = get_kernel(args.repo_id, version=1)
+    timer = Timer(device, args.quick)
+    t0 = time.time()
+    ceil = ceilings(timer, device, args.quick)
+    print(f"[bench] copy bandwidth {ceil['copy_bytes_per_s'] / 1e9:.0f} GB/s (read+write), "
+          f"bf16 matmul {ceil['bf16_matmul_flop_per_s'] / 1e12:.0f} TFLOP/s ({time.time() - t0:.1f}s)", flush=True)
+
+    cases = all_cases()
+    if args.quick:
+        cases = [c for c in cases if c.dtype == torch.bfloat16]
+    if args.cases:
+        pats = [p.strip() for p in args.cases.split(",") if p.strip()]
+        cases = [c for c in cases if any(p in c.name for p in pats)]
+    if args.shrink > 1:  # dry runs on small machines
+        s = args.shrink
+        cases = [Case(c.name, c.kind, c.activation, max(1, c.m // s), max(16, c.d // s), max(16, c.h // s),
+                      c.dtype, c.bias) for c in cases]
+    skip = set(filter(None, (args.skip_peers or "").split(",")))
+
+    liger = None if "liger" in skip else load_liger()
+
+    rows, verification = [], {}
+    for i, c in enumerate(cases):
+        tc = time.time()
+        compiled = None
+        if "compile" not in skip:
+            # A fresh static-shape compilation per case: the best torch.compile can do for
+            # this shape (and no recompilation limit reached across cases).
+            torch._dynamo.reset()
+            compiled = {"gated": torch.compile(eager_gated, dynamic=False),
+                        "mlp": torch.compile(eager_mlp, dynamic=False)}
+        t = make_inputs(c, device, seed=1000 + i)
+        ref = reference(c, t)
+        impl = implementations(c, t, fm, compiled, liger)
+        checks = {}
+        with torch.inference_mode():
+            for name, fn in impl.items():
+                if fn is None or name == "gemms_only":
+                    continue
+                try:
+                    err = rel_err(fn(), ref)
+                except Exception as e:  # report, do not time
+                    print(f"[bench] {c.name}: {name} failed: {type(e).__name__}: {e}", flush=True)
+                    impl[name] = None
+                    checks[name] = f"error: {type(e).__name__}"
+                    continue
+                ok = err <= TOL[c.dtype]
+                checks[name] = {"rel_err": err, "ok": ok}
+                if not ok:
+                    print(f"[bench] {c.name}: {name} is WRONG (rel. error {err:.2e} > {TOL[c.dtype]:.0e}); not timed",
+                          flush=True)
+                    impl[name] = None
+        verification[c.name] = checks
+        floor = max(c.flops / ceil["bf16_matmul_flop_per_s"], c.min_bytes / ceil["copy_bytes_per_s"]) * 1e3
+
+        modes = ["events"] + (["graph"] if c.m <= GRAPH_MAX_M and device == "cuda" else [])
+        for mode in modes:
+            times = {}
+            with torch.inference_mode():
+                for name, fn in impl.items():
+                    if fn is None:
+                        times[name] = None
+                        continue
+                    try:
+                        times[name] = timer(graphed(fn) if mode == "graph" else fn)
+                    except Exception as e:
+                        print(f"[bench] {c.name} ({mode}): timing {name} failed: {type(e).__name__}: {e}", flush=True)
+                        times[name] = None
+            rows.append({
+                "case": c.name,
+                "timing": mode,
+                "ours_ms": times.pop("ours"),
+                "peers_ms": {p: times.get(p) for p in PEERS},
+                "floor_ms": floor,
+            })
+        del t, ref, impl
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        print(f"[bench] {c.name} done in {time.time() - tc:.1f}s", flush=True)
+
+    tg = sys.modules.get(fm.__name__ + ".triton_gemm")
+    tuned = {}
+    if tg is not None:
+        tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()}
+    return {
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "rows": rows,
+        "ceilings": ceil,
+        "verification": verification,
+        "tuned_configs": tuned,
+        "liger": _version("liger_kernel"),
+        "wall_s": round(time.time() - t0, 1),
+    }
+
+
+def _version(mod: str):
+    try:
+        return importlib.import_module(mod).__version__
+    except Exception:
+        return None
+
+
+def print_table(res: dict) -> None:
+    head = f"{'case':40s} {'timing':6s} {'ours':>8s} " + " ".join(f"{p:>10s}" for p in PEERS)
+    head += f" {'floor':>8s} {'ours/best':>9s} {'ours/floor':>10s}"
+    print(head)
+    print("-" * len(head))
+    for r in res["rows"]:
+        peers = r["peers_ms"]
+        real = [peers[p] for p in REAL_PEERS if peers.get(p) is not None]
+        best = min(real) if real else None
+        ours = r["ours_ms"]
+        ratio = f"{ours / best:9.3f}" if ours and best else f"{'n/a':>9s}"
+        over_floor = f"{ours / r['floor_ms']:10.2f}" if ours else f"{'n/a':>10s}"
+        line = f"{r['case']:40s} {r['timing']:6s} {fmt(ours):>8s} "
+        line += " ".join(f"{fmt(peers.get(p)):>10s}" for p in PEERS)
+        line += f" {r['floor_ms']:8.4f} {ratio} {over_floor}"
+        print(line)
+    print("times in ms (median); ours/best: against the fastest of eager, compile, liger")
+
+
+def plot(res: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[bench] matplotlib not importable: no plot")
+        return
+    rows = res["rows"]
+    names = ["ours"] + list(PEERS)
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) * len(names) / 3 + 2))
+    height = 0.8 / len(names)
+    for j, name in enumerate(names):
+        vals = []
+        for r in rows:
+            v = r["ours_ms"] if name == "ours" else r["peers_ms"].get(name)
+            vals.append(v / r["floor_ms"] if v else 0.0)
+        ys = [i + j * height for i in range(len(rows))]
+        ax.barh(ys, vals, height=height, label=name)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(rows))])
+    ax.set_yticklabels([f"{r['case']} [{r['timing']}]" for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xlabel("time / floor (1.0 = the roofline floor; lower is better)")
+    ax.set_title(f"MLP forward on {res['gpu']} (torch {res['torch']}, triton {res['triton']})")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"[bench] plot: {path}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default=None, help="comma-separated substrings of case names (e.g. swiglu,geglu_m8192)")
+    p.add_argument("--quick", action="store_true", help="bf16 cases only, shorter timing")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
+    p.add_argument("--plot", type=Path, default=None, help="PNG path (default: --out with .png)")
+    p.add_argument("--repo-id", default="org/fused-mlp")
+    p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script
+    p.add_argument("--shrink", type=int, default=1, help=argparse.SUPPRESS)  # divide all sizes (dry runs)
+    args = p.parse_args()
+    res = run(args)
+    print_table(res)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"[bench] results: {args.out} ({res['wall_s']}s)")
+    plot(res, args.plot or args.out.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,568 @@
+"""gated_mlp / gated_mlp_packed / mlp against the float64 reference, on every path.
+
+CPU (always): the reference and CPU act-and-mul paths, the argument checks and their
+messages, torch.compile(fullgraph=True), float64 gradcheck, and the Triton kernels under
+Triton's interpreter (FUSED_MLP_INTERPRET=1; fp32 and fp16 on small odd shapes; bf16 dots
+are not trustworthy under the interpreter, so bf16 is tested on the GPU only).
+
+GPU (@pytest.mark.gpu): the compiled Triton kernels over M x dtype x biases x activations
+x layouts, every tile config, autotuning, torch.compile, CUDA graphs, the dispatcher's choice.
+
+Every output is checked for NaN/Inf (rel_err is inf then) and against an error bound.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
+# Relative (Frobenius) error bounds against the float64 reference.
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float64: 1e-12}
+TOL_TF32 = 1e-2
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _rand(*shape, dtype=torch.float32, device="cpu", scale=1.0, gen=None):
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+
+def make_gated(m, d, h, o, dtype, device, bias, seed=0, lead=None):
+    """x [*lead, m, d] (or [m, d]), gate/up [h, d], down [o, h], optional biases."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (*lead, m, d) if lead else (m, d)
+    t = dict(
+        x=_rand(*shape, dtype=dtype, device=device, gen=g),
+        gate_weight=_rand(h, d, dtype=dtype, device=device, scale=d**-0.5, gen=g),
+        up_weight=_rand(h, d, dtype=dtype, device=device, scale=d**-0.5, gen=g),
+        down_weight=_rand(o, h, dtype=dtype, device=device, scale=h**-0.5, gen=g),
+    )
+    for name, n in (("gate_bias", h), ("up_bias", h), ("down_bias", o)):
+        t[name] = _rand(n, dtype=dtype, device=device, scale=0.5, gen=g) if bias else None
+    return t
+
+
+def make_plain(m, d, h, o, dtype, device, bias, layout, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    fc = _rand(h, d, dtype=dtype, device=device, scale=d**-0.5, gen=g)
+    proj = _rand(o, h, dtype=dtype, device=device, scale=h**-0.5, gen=g)
+    if layout == "conv1d":  # GPT-2 Conv1D keeps [in, out]
+        fc, proj = fc.t().contiguous(), proj.t().contiguous()
+    return dict(
+        x=_rand(m, d, dtype=dtype, device=device, gen=g),
+        fc_weight=fc,
+        fc_bias=_rand(h, dtype=dtype, device=device, scale=0.5, gen=g) if bias else None,
+        proj_weight=proj,
+        proj_bias=_rand(o, dtype=dtype, device=device, scale=0.5, gen=g) if bias else None,
+    )
+
+
+def _f64(t):
+    return {k: (v.double().cpu() if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+
+
+def ref_gated(fm, t, act):
+    r = _f64(t)
+    return fm.reference.gated_mlp(r["x"], r["gate_weight"], r["up_weight"], r["down_weight"], act,
+                                  r["gate_bias"], r["up_bias"], r["down_bias"])
+
+
+def ref_plain(fm, t, act, layout):
+    r = _f64(t)
+    return fm.reference.mlp(r["x"], r["fc_weight"], r["fc_bias"], r["proj_weight"], r["proj_bias"], act, layout)
+
+
+def run_gated(fm, t, act):
+    return fm.gated_mlp(t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], act,
+                        gate_bias=t["gate_bias"], up_bias=t["up_bias"], down_bias=t["down_bias"])
+
+
+def run_packed(fm, t, act):
+    """gated_mlp_packed on one [2H, D] weight (and [2H] bias) built from t."""
+    gu = torch.cat([t["gate_weight"], t["up_weight"]])
+    gub = None if t["gate_bias"] is None else torch.cat([t["gate_bias"], t["up_bias"]])
+    return fm.gated_mlp_packed(t["x"], gu, t["down_weight"], act, gate_up_bias=gub, down_bias=t["down_bias"])
+
+
+def run_plain(fm, t, act, layout):
+    return fm.mlp(t["x"], t["fc_weight"], t["fc_bias"], t["proj_weight"], t["proj_bias"], act, layout)
+
+
+def check(out, ref, tol, what=""):
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    err = rel_err(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+
+
+def triton_gemm_module(fm):
+    return importlib.import_module(fm.__name__ + ".triton_gemm")
+
+
+# ----------------------------------------------------------------------------- CPU: reference paths
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "relu2"])
+def test_cpu_gated_and_packed(fused_mlp, dtype, bias, act, monkeypatch):
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    t = make_gated(5, 40, 72, 24, dtype, "cpu", bias, lead=(2,))
+    ref = ref_gated(fused_mlp, t, act)
+    check(run_gated(fused_mlp, t, act), ref, TOL[dtype], "gated_mlp")
+    check(run_packed(fused_mlp, t, act), ref, TOL[dtype], "gated_mlp_packed")
+
+
+def test_cpu_paths_chosen(fused_mlp, monkeypatch):
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    explain = fused_mlp.dispatch.explain
+    x32, x64 = torch.zeros(3, 8), torch.zeros(3, 8, dtype=torch.float64)
+    compiled = importlib.import_module(fused_mlp.__name__ + ".act_and_mul").has_compiled_kernel("act_and_mul", x32.device)
+    assert explain(x32, "gated") == ("cpu-act-and-mul" if compiled else "reference")
+    assert explain(x32, "mlp") == "reference"
+    assert explain(x64, "gated") == "reference"
+    assert explain(torch.zeros(3, 8, device="meta"), "gated") == "reference"
+    assert ":" in explain(x32, "gated", verbose=True)
+    with pytest.raises(ValueError, match="kind"):
+        explain(x32, "conv")
+
+
+@pytest.mark.parametrize("layout", ["linear", "conv1d"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_mlp(fused_mlp, layout, bias, monkeypatch):
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    t = make_plain(7, 40, 72, 24, torch.float32, "cpu", bias, layout)
+    check(run_plain(fused_mlp, t, "gelu_tanh", layout), ref_plain(fused_mlp, t, "gelu_tanh", layout),
+          TOL[torch.float32], "mlp")
+
+
+def test_cpu_aliases_and_empty(fused_mlp):
+    t = make_gated(4, 16, 24, 8, torch.float32, "cpu", False)
+    a = run_gated(fused_mlp, t, "swish")
+    b = run_gated(fused_mlp, t, "silu")
+    torch.testing.assert_close(a, b)
+    t0 = make_gated(0, 16, 24, 8, torch.float32, "cpu", True)
+    assert run_gated(fused_mlp, t0, "silu").shape == (0, 8)
+
+
+def test_decode_hook_wiring(fused_mlp, monkeypatch):
+    """The dispatcher's decode hook: limits, and the arguments decode.py receives."""
+    import types
+
+    d = fused_mlp.dispatch
+    calls = []
+    fake = types.SimpleNamespace(
+        MAX_M=8,
+        available=lambda device: True,
+        gated_mlp=lambda *a: calls.append(("gated", a)) or fused_mlp.reference.gated_mlp(*a),
+        mlp=lambda *a: calls.append(("mlp", a)) or fused_mlp.reference.mlp(*a),
+    )
+    monkeypatch.setattr(d, "_decode_module", lambda: fake)
+    d._decode_available.cache_clear()
+    try:
+        monkeypatch.setattr(d, "DECODE_MAX_M", {(9, 0): 16, (8, 0): 4})
+        assert d._decode_max_m(torch.device("cpu"), (9, 0)) == 8  # capped by decode.MAX_M
+        assert d._decode_max_m(torch.device("cpu"), (8, 0)) == 4
+        assert d._decode_max_m(torch.device("cpu"), (8, 6)) == 0  # not measured: never
+        monkeypatch.setattr(d, "choose", lambda *a, **k: d.Choice("decode", "test"))
+        t = make_gated(2, 16, 24, 8, torch.float32, "cpu", True)
+        check(run_gated(fused_mlp, t, "swish"), ref_gated(fused_mlp, t, "silu"), TOL[torch.float32], "decode")
+        p = make_plain(2, 16, 24, 8, torch.float32, "cpu", True, "linear")
+        check(run_plain(fused_mlp, p, "gelu", "linear"), ref_plain(fused_mlp, p, "gelu", "linear"),
+              TOL[torch.float32], "decode mlp")
+    finally:
+        d._decode_available.cache_clear()
+    (k1, a1), (k2, a2) = calls
+    assert k1 == "gated" and a1[4] == "silu" and a1[5] is t["gate_bias"] and a1[7] is t["down_bias"]
+    assert k2 == "mlp" and a2[5] == "gelu" and a2[2] is p["fc_bias"] and len(a2) == 6
+
+
+# ----------------------------------------------------------------------------- CPU: argument checks
+
+
+def test_errors_name_the_argument(fused_mlp):
+    fm = fused_mlp
+    t = make_gated(3, 16, 24, 8, torch.float32, "cpu", True)
+    x, wg, wu, wd = t["x"], t["gate_weight"], t["up_weight"], t["down_weight"]
+    with pytest.raises(ValueError, match="up_weight.*dtype"):
+        fm.gated_mlp(x, wg, wu.half(), wd)
+    with pytest.raises(ValueError, match="down_bias.*dtype"):
+        fm.gated_mlp(x, wg, wu, wd, down_bias=t["down_bias"].double())
+    with pytest.raises(ValueError, match=r"x.shape\[-1\]"):
+        fm.gated_mlp(x[:, :15], wg, wu, wd)
+    with pytest.raises(ValueError, match="up_weight.*shape"):
+        fm.gated_mlp(x, wg, wu[:20], wd)
+    with pytest.raises(ValueError, match="down_weight"):
+        fm.gated_mlp(x, wg, wu, wd[:, :20])
+    with pytest.raises(ValueError, match="gate_bias.*shape"):
+        fm.gated_mlp(x, wg, wu, wd, gate_bias=t["gate_bias"][:5])
+    with pytest.raises(ValueError, match="gate_weight.*device"):
+        fm.gated_mlp(x, wg.to("meta"), wu, wd)
+    with pytest.raises(ValueError, match="activation"):
+        fm.gated_mlp(x, wg, wu, wd, "tanhh")
+    with pytest.raises(ValueError, match="x has dtype"):
+        fm.gated_mlp(x.int(), wg, wu, wd)
+    with pytest.raises(ValueError, match="gate_up_weight"):
+        fm.gated_mlp_packed(x, torch.cat([wg, wu])[:-1], wd)
+    with pytest.raises(ValueError, match="gate_up_bias"):
+        fm.gated_mlp_packed(x, torch.cat([wg, wu]), wd, gate_up_bias=t["gate_bias"])
+    p = make_plain(3, 16, 24, 8, torch.float32, "cpu", True, "linear")
+    with pytest.raises(ValueError, match="weight_layout"):
+        fm.mlp(p["x"], p["fc_weight"], p["fc_bias"], p["proj_weight"], p["proj_bias"], "gelu", "transposed")
+    with pytest.raises(ValueError, match="fc_weight"):
+        fm.mlp(p["x"], p["fc_weight"], p["fc_bias"], p["proj_weight"], p["proj_bias"], "gelu", "conv1d")
+    with pytest.raises(ValueError, match="proj_weight"):
+        fm.mlp(p["x"], p["fc_weight"], p["fc_bias"], p["proj_weight"][:, :20], p["proj_bias"], "gelu")
+    with pytest.raises(ValueError, match="fc_bias.*shape"):
+        fm.mlp(p["x"], p["fc_weight"], p["fc_bias"][:3], p["proj_weight"], p["proj_bias"], "gelu")
+    with pytest.raises(ValueError, match="proj_weight.*device"):
+        fm.mlp(p["x"], p["fc_weight"], p["fc_bias"], p["proj_weight"].to("meta"), p["proj_bias"], "gelu")
+    with pytest.raises(ValueError, match="activation"):
+        fm.mlp(p["x"], p["fc_weight"], p["fc_bias"], p["proj_weight"], p["proj_bias"], "nope")
+
+
+# ----------------------------------------------------------------------------- CPU: compile, gradcheck
+
+
+def test_cpu_torch_compile_fullgraph(fused_mlp):
+    torch._dynamo.reset()
+    t = make_gated(5, 16, 24, 8, torch.float32, "cpu", True, lead=(2,))
+    f = torch.compile(lambda x: run_gated(fused_mlp, {**t, "x": x}, "gelu_tanh"), fullgraph=True)
+    check(f(t["x"]), ref_gated(fused_mlp, t, "gelu_tanh"), TOL[torch.float32], "compiled gated_mlp")
+    p = make_plain(5, 16, 24, 8, torch.float32, "cpu", True, "conv1d")
+    g = torch.compile(lambda x: run_plain(fused_mlp, {**p, "x": x}, "gelu", "conv1d"), fullgraph=True)
+    check(g(p["x"]), ref_plain(fused_mlp, p, "gelu", "conv1d"), TOL[torch.float32], "compiled mlp")
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_gradcheck_float64(fused_mlp, act):
+    fm = fused_mlp
+    t = make_gated(3, 4, 5, 3, torch.float64, "cpu", True, seed=1)
+    args = [t[k].requires_grad_() for k in ("x", "gate_weight", "up_weight", "down_weight",
+                                             "gate_bias", "up_bias", "down_bias")]
+
+    def gated(x, wg, wu, wd, bg, bu, bd):
+        return fm.gated_mlp(x, wg, wu, wd, act, gate_bias=bg, up_bias=bu, down_bias=bd)
+
+    assert torch.autograd.gradcheck(gated, args)
+    gu = torch.cat([t["gate_weight"], t["up_weight"]]).detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w, wd: fm.gated_mlp_packed(x, w, wd, act), (args[0], gu, args[3]))
+    for layout in ("linear", "conv1d"):
+        p = make_plain(3, 4, 5, 3, torch.float64, "cpu", True, layout, seed=2)
+        pargs = [p[k].requires_grad_() for k in ("x", "fc_weight", "fc_bias", "proj_weight", "proj_bias")]
+        assert torch.autograd.gradcheck(lambda *a: fm.mlp(*a, act, layout), pargs)
+
+
+# ----------------------------------------------------------------------------- CPU: Triton interpreter
+
+@pytest.fixture
+def interpret(fused_mlp, monkeypatch):
+    """Route CPU tensors through the Triton kernels under Triton's interpreter."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
+    assert fused_mlp.dispatch.explain(torch.zeros(2, 4), "gated") == "triton-interpret"
+    return fused_mlp
+
+
+INTERP_DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 64])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("act", ACTS)
+def test_interpret_gated(interpret, dtype, m, bias, act):
+    t = make_gated(m, 40, 72, 24, dtype, "cpu", bias, seed=m)
+    check(run_gated(interpret, t, act), ref_gated(interpret, t, act), TOL[dtype], f"gated {act}")
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("m", [3, 64])
+def test_interpret_packed(interpret, dtype, m):
+    t = make_gated(m, 40, 72, 24, dtype, "cpu", True, seed=m, lead=(1,))
+    check(run_packed(interpret, t, "silu"), ref_gated(interpret, t, "silu"), TOL[dtype], "packed")
+
+
+@pytest.mark.parametrize("dtype", INTERP_DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 64])
+@pytest.mark.parametrize("layout", ["linear", "conv1d"])
+@pytest.mark.parametrize("act", ACTS)
+def test_interpret_mlp(interpret, dtype, m, layout, act):
+    bias = act != "relu"  # one activation without biases
+    t = make_plain(m, 40, 72, 24, dtype, "cpu", bias, layout, seed=m)
+    check(run_plain(interpret, t, act, layout), ref_plain(interpret, t, act, layout), TOL[dtype], f"mlp {act}")
+
+
+def test_interpret_kernel_configs_and_strides(interpret):
+    """The kernels themselves, with tile configs that hit the even-K path, uneven groups
+    and single-program grids, and weights given through unusual strides."""
+    tg = triton_gemm_module(interpret).interpreted_module()
+    C = tg.Config
+    ids = interpret.activations.ACTIVATION_IDS
+    g = torch.Generator().manual_seed(3)
+    x = _rand(37, 48, gen=g)
+    wt = _rand(48, 72, gen=g, scale=48**-0.5)  # [D, H]: wt.t() is a [H, D] view with strides (1, H)
+    wu = _rand(72, 96, gen=g, scale=48**-0.5)[:, ::2]  # [H, D] with a K stride of 2
+    b = _rand(72, gen=g)
+    xd, wgd, wud, bd = x.double(), wt.t().double(), wu.double(), b.double()
+    ref = torch.nn.functional.silu(xd @ wgd.t() + bd) * (xd @ wud.t())
+    for cfg in (C(16, 16, 16, 1, 4, 1), C(32, 64, 16, 3, 4, 1), C(64, 128, 64, 8, 4, 1)):
+        out = tg.gated_linear(x, wt.t(), wu, b, None, ids["silu"], config=cfg)
+        check(out, ref, TOL[torch.float32], f"gated_linear {cfg}")
+        out = tg.linear_act(x, wt, b, ids["gelu"], "conv1d", config=cfg)
+        check(out, torch.nn.functional.gelu(xd @ wt.double() + bd), TOL[torch.float32], f"linear_act {cfg}")
+    # the TMA kernel (descriptors zero-fill past the edges): contiguous rows, packed gate/up
+    wgu = _rand(144, 48, gen=g, scale=48**-0.5)
+    ref_p = torch.nn.functional.silu(xd @ wgu[:72].double().t() + bd) * (xd @ wgu[72:].double().t())
+    for cfg in (C(32, 32, 16, 2, 4, 1, True), C(16, 64, 32, 1, 4, 1, True)):
+        check(tg.gated_linear(x, wgu[:72], wgu[72:], b, None, ids["silu"], config=cfg), ref_p,
+              TOL[torch.float32], f"gated_linear {cfg}")
+        check(tg.linear_act(x, wt.contiguous(), b, ids["gelu"], "conv1d", config=cfg),
+              torch.nn.functional.gelu(xd @ wt.double() + bd), TOL[torch.float32], f"linear_act {cfg}")
+    # a non-contiguous x (every other row) and K = 0
+    xs = _rand(74, 48, gen=g)[::2]
+    check(tg.gated_linear(xs, wt.t(), wu, None, None, ids["relu2"]),
+          torch.relu(xs.double() @ wgd.t()) ** 2 * (xs.double() @ wud.t()), TOL[torch.float32], "strided x")
+    z = tg.linear_act(torch.zeros(5, 0), torch.zeros(8, 0), b[:8], ids["identity"])
+    torch.testing.assert_close(z, b[:8].expand(5, 8))
+
+
+def test_candidates_and_tma_eligibility(fused_mlp):
+    pytest.importorskip("triton")
+    tg = triton_gemm_module(fused_mlp)
+    for gated in (True, False):
+        for m in (1, 100, 5000):
+            for dtype in (torch.bfloat16, torch.float32):
+                cands = tg.candidates(gated, m, 344, 200, dtype, tma=True)
+                assert cands and len(cands) == len(set(cands)) and len(cands) <= 9
+                assert not cands[0].tma  # the untimed default is the pointer kernel
+                assert all(c.block_m <= max(16, tg.m_bucket(m)) for c in cands)
+                assert any(c.tma for c in cands) == (m > 64 and dtype != torch.float32)
+    assert tg.m_bucket(777) == 1024 and tg.m_bucket(1) == 16
+    w = torch.zeros(344, 200, dtype=torch.bfloat16)
+    x = torch.zeros(7, 200, dtype=torch.bfloat16)
+    assert tg._tma_compatible(x, w, w[:172])
+    assert not tg._tma_compatible(x, w.t())  # last stride not 1
+    assert tg._tma_compatible(x[:, :199], w[:, :199])  # a view: rows are still 400 bytes apart
+    assert not tg._tma_compatible(torch.zeros(7, 199, dtype=torch.bfloat16))  # rows of 398 bytes
+    assert not tg._tma_compatible(torch.zeros(7, 201, dtype=torch.bfloat16)[:, 1:])  # base not 16-byte aligned
+
+
+def test_interpret_compile_fullgraph(interpret):
+    torch._dynamo.reset()
+    t = make_gated(3, 40, 72, 24, torch.float32, "cpu", True)
+    f = torch.compile(lambda x: run_gated(interpret, {**t, "x": x}, "silu"), fullgraph=True, backend="aot_eager")
+    check(f(t["x"]), ref_gated(interpret, t, "silu"), TOL[torch.float32], "compiled, interpreted")
+
+
+def test_works_without_triton(tmp_path):
+    """The package imports and runs (reference path) where `import triton` fails."""
+    script = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import os, torch\n"
+        "from kernels import get_kernel\n"
+        "fm = get_kernel('org/fused-mlp', version=1)\n"
+        "os.environ['FUSED_MLP_INTERPRET'] = '1'\n"
+        "x, w, wd = torch.randn(3, 8), torch.randn(16, 8), torch.randn(4, 16)\n"
+        "assert fm.dispatch.explain(x, 'gated') == 'reference', fm.dispatch.explain(x, 'gated', verbose=True)\n"
+        "torch.testing.assert_close(fm.gated_mlp(x, w, w, wd), fm.reference.gated_mlp(x, w, w, wd))\n"
+        "torch.testing.assert_close(fm.mlp(x, w, None, wd, None), fm.reference.mlp(x, w, None, wd, None))\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "KERNELS_CACHE": os.environ["KERNELS_CACHE"], "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- GPU
+
+GPU_MS = [1, 3, 64, 777, 4096]
+# Odd sizes: nothing is a multiple of a tile; (D, H, O).
+ODD = (200, 344, 136)
+
+
+def _gpu_tol(dtype):
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return TOL_TF32
+    return TOL[dtype]
+
+
+@pytest.fixture
+def gpu(fused_mlp, monkeypatch):
+    """The compiled Triton path (decode.py's small-M kernels kept out of the way) with one
+    untimed config per shape (fewer compilations)."""
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    return fused_mlp
+
+
+# fp32 without TF32 uses FMA dots, slow to compile: one M for it (and M=64 in the TF32 test).
+GPU_MATRIX = [(dt, m) for dt in (torch.bfloat16, torch.float16) for m in GPU_MS] + [(torch.float32, 777)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,m", GPU_MATRIX)
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_matrix(gpu, dtype, m, bias):
+    d, h, o = ODD
+    t = make_gated(m, d, h, o, dtype, "cuda", bias, seed=m)
+    ref = ref_gated(gpu, t, "silu")
+    check(run_gated(gpu, t, "silu").cpu(), ref, _gpu_tol(dtype), "gated")
+    check(run_packed(gpu, t, "silu").cpu(), ref, _gpu_tol(dtype), "packed")
+    for layout in ("linear", "conv1d"):
+        p = make_plain(m, d, h, o, dtype, "cuda", bias, layout, seed=m)
+        check(run_plain(gpu, p, "gelu_tanh", layout).cpu(), ref_plain(gpu, p, "gelu_tanh", layout),
+              _gpu_tol(dtype), f"mlp {layout}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [3, 777])
+@pytest.mark.parametrize("act", ACTS)
+def test_gpu_activations(gpu, m, act):
+    d, h, o = ODD
+    t = make_gated(m, d, h, o, torch.bfloat16, "cuda", True, seed=m)
+    check(run_gated(gpu, t, act).cpu(), ref_gated(gpu, t, act), TOL[torch.bfloat16], f"gated {act}")
+    p = make_plain(m, d, h, o, torch.bfloat16, "cuda", True, "linear", seed=m)
+    check(run_plain(gpu, p, act, "linear").cpu(), ref_plain(gpu, p, act, "linear"), TOL[torch.bfloat16], f"mlp {act}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_every_config(fused_mlp, dtype, monkeypatch):
+    """Every tile config the tuner may pick (TMA variants on sm_90+ included) computes the
+    right thing on this GPU, or does not fit it (which the tuner skips). fp32 with TF32
+    (quicker to compile)."""
+    from triton.runtime.errors import OutOfResources
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+
+    tg = triton_gemm_module(fused_mlp)
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    tma = (False, True) if torch.cuda.get_device_capability() >= (9, 0) and dtype != torch.float32 else (False,)
+    d, h, _ = ODD  # rows of 400 / 688 bytes: TMA-compatible
+    t = make_gated(777, d, h, 8, dtype, "cuda", True)
+    x, wg, wu, bg, bu = t["x"], t["gate_weight"], t["up_weight"], t["gate_bias"], t["up_bias"]
+    r = _f64(t)
+    ref_g = torch.nn.functional.silu(r["x"] @ r["gate_weight"].t() + r["gate_bias"]) * (
+        r["x"] @ r["up_weight"].t() + r["up_bias"])
+    ref_p = torch.nn.functional.gelu(r["x"] @ r["gate_weight"].t() + r["gate_bias"], approximate="tanh")
+    assert tg._tma_compatible(x, wg, wu)
+    ran = 0
+    for gated, table in ((True, tg._GATED_CONFIGS), (False, tg._PLAIN_CONFIGS)):
+        for cfgs in table.values():
+            for cfg in [c._replace(tma=on) for c in cfgs for on in tma]:
+                if dtype == torch.float32:
+                    cfg = cfg._replace(block_k=max(16, cfg.block_k // 2))
+                try:
+                    if gated:
+                        out = tg.gated_linear(x, wg, wu, bg, bu, ids["silu"], config=cfg)
+                    else:
+                        out = tg.linear_act(x, wg, bg, ids["gelu_tanh"], config=cfg)
+                    torch.cuda.synchronize()
+                except OutOfResources:
+                    continue
+                check(out.cpu(), ref_g if gated else ref_p, _gpu_tol(dtype), f"{'gated' if gated else 'plain'} {cfg}")
+                ran += 1
+    assert ran > 0
+
+
+@pytest.mark.gpu
+def test_gpu_autotune_caches_a_config(fused_mlp, monkeypatch):
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    tg = triton_gemm_module(fused_mlp)
+    t = make_gated(300, 256, 512, 128, torch.bfloat16, "cuda", False)
+    out = run_gated(fused_mlp, t, "silu")
+    check(out.cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "autotuned")
+    keys = [k for k in tg._TUNED if k[:4] == (True, 512, 512, 256)]
+    assert keys, list(tg._TUNED)
+    # another M of the same bucket reuses the config (no re-tuning), and is right
+    t2 = make_gated(400, 256, 512, 128, torch.bfloat16, "cuda", False, seed=4)
+    n = len(tg._TUNED)
+    check(run_gated(fused_mlp, t2, "silu").cpu(), ref_gated(fused_mlp, t2, "silu"), TOL[torch.bfloat16], "same bucket")
+    assert len(tg._TUNED) == n
+
+
+@pytest.mark.gpu
+def test_gpu_tf32_follows_torch(gpu, monkeypatch):
+    d, h, o = ODD
+    t = make_gated(64, d, h, o, torch.float32, "cuda", False)
+    ref = ref_gated(gpu, t, "silu")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    check(run_gated(gpu, t, "silu").cpu(), ref, TOL[torch.float32], "fp32 without TF32")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    check(run_gated(gpu, t, "silu").cpu(), ref, TOL_TF32, "fp32 with TF32")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph(gpu):
+    torch._dynamo.reset()
+    t = make_gated(64, 256, 512, 256, torch.bfloat16, "cuda", True, lead=(2,))
+    f = torch.compile(lambda x: run_gated(gpu, {**t, "x": x}, "silu"), fullgraph=True)
+    check(f(t["x"]).cpu(), ref_gated(gpu, t, "silu"), TOL[torch.bfloat16], "compiled gated")
+    p = make_plain(64, 256, 512, 256, torch.bfloat16, "cuda", True, "conv1d")
+    g = torch.compile(lambda x: run_plain(gpu, {**p, "x": x}, "gelu_tanh", "conv1d"), fullgraph=True)
+    check(g(p["x"]).cpu(), ref_plain(gpu, p, "gelu_tanh", "conv1d"), TOL[torch.bfloat16], "compiled mlp")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 777])
+@pytest.mark.parametrize("dispatch", ["triton", "default"])
+def test_gpu_cuda_graph(fused_mlp, monkeypatch, m, dispatch):
+    """Capture and replay; "default" lets the dispatcher pick (decode.py for small M, if there)."""
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    if dispatch == "triton":
+        monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    gpu = fused_mlp
+    t = make_gated(m, 256, 512, 256, torch.bfloat16, "cuda", True)
+    p = make_plain(m, 256, 512, 256, torch.bfloat16, "cuda", True, "linear")
+    static_x, static_xp = t["x"].clone(), p["x"].clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up (compile, tune) outside the capture
+        run_gated(gpu, {**t, "x": static_x}, "silu")
+        run_plain(gpu, {**p, "x": static_xp}, "gelu_tanh", "linear")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = run_gated(gpu, {**t, "x": static_x}, "silu")
+        yp = run_plain(gpu, {**p, "x": static_xp}, "gelu_tanh", "linear")
+    for seed in (10, 11):
+        t2 = make_gated(m, 256, 512, 256, torch.bfloat16, "cuda", True, seed=seed)
+        p2 = make_plain(m, 256, 512, 256, torch.bfloat16, "cuda", True, "linear", seed=seed)
+        static_x.copy_(t2["x"])
+        static_xp.copy_(p2["x"])
+        graph.replay()
+        torch.cuda.synchronize()
+        check(y.cpu(), ref_gated(gpu, {**t, "x": t2["x"]}, "silu"), TOL[torch.bfloat16], "graph gated")
+        check(yp.cpu(), ref_plain(gpu, {**p, "x": p2["x"]}, "gelu_tanh", "linear"), TOL[torch.bfloat16], "graph mlp")
+
+
+@pytest.mark.gpu
+def test_gpu_dispatch_choice(fused_mlp):
+    d = fused_mlp.dispatch
+    cap = torch.cuda.get_device_capability()
+    x = torch.zeros(4096, 64, device="cuda", dtype=torch.bfloat16)
+    expected = "triton" if cap >= (8, 0) else "reference"
+    assert d.explain(x, "gated") == expected
+    assert d.explain(x, "mlp", "conv1d") == expected
+    assert d.explain(x.float(), "gated") == expected
+    assert d.explain(x.double(), "gated") == "reference"
+    small = x[:1]
+    decode_m = d._decode_max_m(small.device, cap) if cap >= (8, 0) else 0
+    want_small = "decode" if decode_m >= 1 else expected
+    assert d.explain(small, "gated") == want_small
+    assert d.explain(small, "mlp", "conv1d") == expected  # decode.py takes the linear layout only
+    assert d.explain(small.float(), "gated") == expected  # decode.py takes 16-bit inputs only
