@@ -6,7 +6,7 @@ Load it from the Kernel Hub::
     fused_mlp = get_kernel("org/fused-mlp", version=1)
 """
 
-from . import layers, mapping, reference
+from . import decode, layers, mapping, reference
 from ._ops import ops
 from .act_and_mul import (
     act_and_mul,
@@ -24,6 +24,7 @@ __all__ = [
     "SUPPORTED_ACTIVATIONS",
     "act_and_mul",
     "canonical_activation",
+    "decode",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "gated_mlp",
