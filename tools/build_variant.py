@@ -224,13 +224,16 @@ def compile_so(
         nvcc = home / "bin" / "nvcc"
         inc_flags.append(f"-I{home / 'include'}")
 
+    # nvcc compiles the architectures of one file in parallel with the cores left over.
+    nvcc_threads = max(1, jobs // max(1, len(compiled)))
+
     def compile_one(src: Path) -> Path:
         obj = work / (src.name + ".o")
         if src.suffix == ".cu":
             cmd = [
                 str(nvcc), "-c", str(src), "-o", str(obj), "-O3", "-std=c++20",
                 "--expt-relaxed-constexpr", "-lineinfo",
-                f"-ccbin={cxx}", "-Xcompiler", "-fPIC",
+                f"-ccbin={cxx}", "-Xcompiler", "-fPIC", f"--threads={nvcc_threads}",
                 *gencode_flags(archs), *defines, *inc_flags,
             ]
         else:
