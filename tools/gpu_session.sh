@@ -37,11 +37,13 @@ if has build; then
 fi
 if has test; then
   step "test ${PYTEST_ARGS:-}"
-  $PY -m pytest -q -p no:cacheprovider tests -rfs ${PYTEST_ARGS:-} 2>&1 | tail -60 | tee -a "$LOG"
+  timeout "${PYTEST_TIMEOUT:-480}" $PY -m pytest -q -p no:cacheprovider tests -rfs ${PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
+  tail -60 "$OUT/pytest.txt" | tee -a "$LOG"
 fi
 if has test-gpu; then
   step "test-gpu ${PYTEST_ARGS:-}"
-  $PY -m pytest -q -p no:cacheprovider tests -m gpu -rf ${PYTEST_ARGS:-} 2>&1 | tail -60 | tee -a "$LOG"
+  timeout "${PYTEST_TIMEOUT:-480}" $PY -m pytest -q -p no:cacheprovider tests -m gpu -rf ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.txt" 2>&1
+  tail -60 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
 fi
 if has bench-act; then
   step bench-act
