@@ -30,7 +30,7 @@ $PY -c "import torch, triton, kernels, transformers, huggingface_hub as h; print
 
 if has build; then
   step build
-  $PY tools/build_variant.py --jobs 16 > "$OUT/build_full.txt" 2>&1
+  $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1
   grep "^\[build\]\|error" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
   rm -f "$OUT/build_full.txt"
   $PY tools/stage_cache.py --cache "$KERNELS_CACHE" 2>&1 | tee -a "$LOG"
@@ -41,9 +41,13 @@ if has test; then
   tail -60 "$OUT/pytest.txt" | tee -a "$LOG"
 fi
 if has test-gpu; then
-  step "test-gpu ${PYTEST_ARGS:-}"
-  timeout "${PYTEST_TIMEOUT:-480}" $PY -m pytest -q -p no:cacheprovider tests -m gpu -rf ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.txt" 2>&1
-  tail -60 "$OUT/pytest_gpu.txt" | tee -a "$LOG"
+  # One pytest process per file, so that a crash in one file does not hide the others.
+  for f in ${TEST_FILES:-tests/test_*.py}; do
+    step "test-gpu $f"
+    timeout "${PYTEST_TIMEOUT:-300}" $PY -m pytest -v -p no:cacheprovider "$f" -m gpu -rf > "$OUT/pytest_$(basename "$f" .py).txt" 2>&1
+    echo "exit $?" >> "$OUT/pytest_$(basename "$f" .py).txt"
+    grep -E "^(FAILED|ERROR)|passed|failed|error|exit [0-9]" "$OUT/pytest_$(basename "$f" .py).txt" | tail -25 | tee -a "$LOG"
+  done
 fi
 if has bench-act; then
   step bench-act

@@ -9,16 +9,6 @@
 #include "registration.h"
 #include "torch_binding.h"
 
-#if defined(__linux__)
-// manylinux_2_28: libstdc++ from GCC >= 11 reads glibc's __libc_single_threaded
-// (GLIBC_2.32) to skip atomics in shared_ptr refcounts. A hidden definition of our own
-// keeps the .so loadable on glibc 2.28; its value 0 means "take the atomic path",
-// which is always correct.
-extern "C" {
-__attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
-}
-#endif
-
 void check_act_and_mul_args(const torch::Tensor& out, const torch::Tensor& input,
                             int64_t activation) {
   TORCH_CHECK(activation >= 0 && activation < fused_mlp::kNumActivations,

@@ -28,7 +28,17 @@ enum class Activation : int {
 
 constexpr int kNumActivations = 7;
 
-FUSED_MLP_HD float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+FUSED_MLP_HD float sigmoidf_(float x) {
+#if defined(__CUDA_ARCH__)
+  // Hardware exp and approximate division: a few ulp in fp32, far below the bf16/fp16
+  // rounding of the outputs, and it keeps the memory-bound kernels at copy speed (the
+  // IEEE division's slow path cost ~3% of bandwidth, measured on the H200). For
+  // x << 0, 1 + exp(-x) overflows to inf and __fdividef returns 0, the right limit.
+  return __fdividef(1.0f, 1.0f + __expf(-x));
+#else
+  return 1.0f / (1.0f + expf(-x));
+#endif
+}
 
 FUSED_MLP_HD float apply_activation(Activation act, float x) {
   switch (act) {
