@@ -11,31 +11,31 @@
 
 void check_act_and_mul_args(const torch::Tensor& out, const torch::Tensor& input,
                             int64_t activation) {
-  TORCH_CHECK(activation >= 0 && activation < fused_mlp::kNumActivations,
+  FUSED_MLP_CHECK(activation >= 0 && activation < fused_mlp::kNumActivations,
               "fused_mlp: activation id ", activation, " is not one of 0..",
               fused_mlp::kNumActivations - 1);
-  TORCH_CHECK(input.dim() >= 1, "fused_mlp: input must have at least one dimension, got a scalar");
-  TORCH_CHECK(out.device() == input.device(), "fused_mlp: out is on ", out.device(),
+  FUSED_MLP_CHECK(input.dim() >= 1, "fused_mlp: input must have at least one dimension, got a scalar");
+  FUSED_MLP_CHECK(out.device() == input.device(), "fused_mlp: out is on ", out.device(),
               " but input is on ", input.device(), "; both must be on the same device");
-  TORCH_CHECK(out.scalar_type() == input.scalar_type(), "fused_mlp: out has dtype ",
+  FUSED_MLP_CHECK(out.scalar_type() == input.scalar_type(), "fused_mlp: out has dtype ",
               out.scalar_type(), " but input has dtype ", input.scalar_type(),
               "; they must match");
   const auto st = input.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
+  FUSED_MLP_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16,
               "fused_mlp: input dtype ", st, " is not supported (float32, float16, bfloat16)");
   const int64_t two_d = input.size(-1);
-  TORCH_CHECK(two_d % 2 == 0, "fused_mlp: the last dimension of input must be even (gate and up "
+  FUSED_MLP_CHECK(two_d % 2 == 0, "fused_mlp: the last dimension of input must be even (gate and up "
               "halves), got ", two_d);
-  TORCH_CHECK(out.dim() == input.dim(), "fused_mlp: out has ", out.dim(),
+  FUSED_MLP_CHECK(out.dim() == input.dim(), "fused_mlp: out has ", out.dim(),
               " dimensions but input has ", input.dim());
   for (int64_t i = 0; i + 1 < input.dim(); ++i) {
-    TORCH_CHECK(out.size(i) == input.size(i), "fused_mlp: out.shape ", out.sizes(),
+    FUSED_MLP_CHECK(out.size(i) == input.size(i), "fused_mlp: out.shape ", out.sizes(),
                 " does not match input.shape ", input.sizes(), " in dimension ", i);
   }
-  TORCH_CHECK(out.size(-1) * 2 == two_d, "fused_mlp: the last dimension of out must be half of "
+  FUSED_MLP_CHECK(out.size(-1) * 2 == two_d, "fused_mlp: the last dimension of out must be half of "
               "input's (", two_d / 2, "), got ", out.size(-1));
-  TORCH_CHECK(input.is_contiguous(), "fused_mlp: input must be contiguous (call .contiguous())");
-  TORCH_CHECK(out.is_contiguous(), "fused_mlp: out must be contiguous");
+  FUSED_MLP_CHECK(input.is_contiguous(), "fused_mlp: input must be contiguous (call .contiguous())");
+  FUSED_MLP_CHECK(out.is_contiguous(), "fused_mlp: out must be contiguous");
 }
 
 namespace {

@@ -3,6 +3,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include "check.h"
+
 namespace torch {
 using at::Tensor;
 }

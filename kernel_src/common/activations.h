@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+#include "check.h"
+
 #if defined(__CUDACC__)
 #define FUSED_MLP_HD __host__ __device__ __forceinline__
 #else
@@ -94,5 +96,5 @@ FUSED_MLP_HD float activate(float x) {
       case ::fused_mlp::Activation::kQuickGelu: {                                   \
         constexpr auto kAct = ::fused_mlp::Activation::kQuickGelu; return __VA_ARGS__(); } \
     }                                                                               \
-    TORCH_CHECK(false, "fused_mlp: unknown activation id ", ACT_ID);               \
+    FUSED_MLP_CHECK(false, "fused_mlp: unknown activation id ", ACT_ID);               \
   }()

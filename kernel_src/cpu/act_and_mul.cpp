@@ -101,6 +101,6 @@ void act_and_mul_cpu(torch::Tensor& out, const torch::Tensor& input, int64_t act
     case at::kFloat: run(float{}); break;
     case at::kHalf: run(at::Half{}); break;
     case at::kBFloat16: run(at::BFloat16{}); break;
-    default: TORCH_CHECK(false, "fused_mlp: act_and_mul_cpu: unsupported dtype ", input.scalar_type());
+    default: FUSED_MLP_CHECK(false, "fused_mlp: act_and_mul_cpu: unsupported dtype ", input.scalar_type());
   }
 }

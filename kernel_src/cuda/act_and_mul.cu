@@ -267,9 +267,9 @@ void act_and_mul_cuda(torch::Tensor& out, const torch::Tensor& input, int64_t ac
   const int64_t d = out.size(-1);
   const int64_t rows = out.numel() / d;
   // Column offsets are 32-bit in the kernel; the headroom covers the last chunk's overshoot.
-  TORCH_CHECK(d <= (int64_t{1} << 30), "fused_mlp: act_and_mul: d = ", d,
+  FUSED_MLP_CHECK(d <= (int64_t{1} << 30), "fused_mlp: act_and_mul: d = ", d,
               " is larger than the CUDA kernel supports (2^30)");
-  TORCH_CHECK(input.is_cuda(), "fused_mlp: act_and_mul_cuda: input must be a CUDA tensor");
+  FUSED_MLP_CHECK(input.is_cuda(), "fused_mlp: act_and_mul_cuda: input must be a CUDA tensor");
 
   const c10::cuda::CUDAGuard guard(input.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -284,6 +284,6 @@ void act_and_mul_cuda(torch::Tensor& out, const torch::Tensor& input, int64_t ac
       dispatch_activation<__nv_bfloat16>(out, input, activation, rows, d, stream);
       break;
     default:
-      TORCH_CHECK(false, "fused_mlp: act_and_mul_cuda: unsupported dtype ", input.scalar_type());
+      FUSED_MLP_CHECK(false, "fused_mlp: act_and_mul_cuda: unsupported dtype ", input.scalar_type());
   }
 }

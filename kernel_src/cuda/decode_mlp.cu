@@ -567,7 +567,7 @@ DeviceInfo device_info(int device) {
   // Lock-free cache (no std::call_once: pthread_once would raise the glibc floor
   // above manylinux_2_28). Racing first calls store identical values.
   constexpr int kMaxDevices = 64;
-  TORCH_CHECK(device >= 0 && device < kMaxDevices, "fused_mlp.decode: CUDA device index ", device,
+  FUSED_MLP_CHECK(device >= 0 && device < kMaxDevices, "fused_mlp.decode: CUDA device index ", device,
               " is out of range");
   static std::atomic<int> sms[kMaxDevices], major[kMaxDevices], optin[kMaxDevices];
   DeviceInfo info{};
@@ -681,46 +681,46 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 // ----------------------------------------------------------------------------- checks
 
 void check_activation(const char* op, int64_t activation) {
-  TORCH_CHECK(activation >= 0 && activation < ::fused_mlp::kNumActivations, "fused_mlp.", op,
+  FUSED_MLP_CHECK(activation >= 0 && activation < ::fused_mlp::kNumActivations, "fused_mlp.", op,
               ": activation id ", activation, " is not one of 0..",
               ::fused_mlp::kNumActivations - 1);
 }
 
 void check_x(const char* op, const torch::Tensor& x) {
-  TORCH_CHECK(x.is_cuda(), "fused_mlp.", op, ": x must be a CUDA tensor, got device ", x.device());
-  TORCH_CHECK(x.dim() == 2, "fused_mlp.", op, ": x must be 2-D [M, K], got shape ", x.sizes());
+  FUSED_MLP_CHECK(x.is_cuda(), "fused_mlp.", op, ": x must be a CUDA tensor, got device ", x.device());
+  FUSED_MLP_CHECK(x.dim() == 2, "fused_mlp.", op, ": x must be 2-D [M, K], got shape ", x.sizes());
   const auto st = x.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, "fused_mlp.", op,
+  FUSED_MLP_CHECK(st == at::kFloat || st == at::kHalf || st == at::kBFloat16, "fused_mlp.", op,
               ": x has dtype ", st, "; supported: float32, float16, bfloat16");
-  TORCH_CHECK(x.size(0) <= kMaxM, "fused_mlp.", op, ": x has ", x.size(0),
+  FUSED_MLP_CHECK(x.size(0) <= kMaxM, "fused_mlp.", op, ": x has ", x.size(0),
               " rows; the decode kernels take at most ", kMaxM,
               " (use the general path, e.g. fused_mlp.gated_mlp / fused_mlp.mlp, for more)");
-  TORCH_CHECK(x.is_contiguous(), "fused_mlp.", op, ": x must be contiguous (call .contiguous())");
-  TORCH_CHECK(x.size(1) <= INT_MAX / kMaxM, "fused_mlp.", op, ": x.shape[1] = ", x.size(1),
+  FUSED_MLP_CHECK(x.is_contiguous(), "fused_mlp.", op, ": x must be contiguous (call .contiguous())");
+  FUSED_MLP_CHECK(x.size(1) <= INT_MAX / kMaxM, "fused_mlp.", op, ": x.shape[1] = ", x.size(1),
               " is too large");
 }
 
 void check_same(const char* op, const char* name, const torch::Tensor& t, const torch::Tensor& x) {
-  TORCH_CHECK(t.device() == x.device(), "fused_mlp.", op, ": ", name, " is on ", t.device(),
+  FUSED_MLP_CHECK(t.device() == x.device(), "fused_mlp.", op, ": ", name, " is on ", t.device(),
               " but x is on ", x.device(), "; all tensors must be on the same CUDA device");
-  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "fused_mlp.", op, ": ", name, " has dtype ",
+  FUSED_MLP_CHECK(t.scalar_type() == x.scalar_type(), "fused_mlp.", op, ": ", name, " has dtype ",
               t.scalar_type(), " but x has dtype ", x.scalar_type(), "; they must match");
 }
 
 void check_weight(const char* op, const char* name, const torch::Tensor& w, const torch::Tensor& x,
                   int64_t rows) {
   check_same(op, name, w, x);
-  TORCH_CHECK(w.dim() == 2, "fused_mlp.", op, ": ", name, " must be 2-D [out, in] (nn.Linear layout), got shape ",
+  FUSED_MLP_CHECK(w.dim() == 2, "fused_mlp.", op, ": ", name, " must be 2-D [out, in] (nn.Linear layout), got shape ",
               w.sizes());
-  TORCH_CHECK(w.size(1) == x.size(1), "fused_mlp.", op, ": ", name, " has shape ", w.sizes(),
+  FUSED_MLP_CHECK(w.size(1) == x.size(1), "fused_mlp.", op, ": ", name, " has shape ", w.sizes(),
               " but x has ", x.size(1), " columns; expected [", rows < 0 ? w.size(0) : rows,
               ", ", x.size(1), "]");
   if (rows >= 0) {
-    TORCH_CHECK(w.size(0) == rows, "fused_mlp.", op, ": ", name, " has shape ", w.sizes(),
+    FUSED_MLP_CHECK(w.size(0) == rows, "fused_mlp.", op, ": ", name, " has shape ", w.sizes(),
                 ", expected [", rows, ", ", x.size(1), "]");
   }
-  TORCH_CHECK(w.size(0) <= INT_MAX, "fused_mlp.", op, ": ", name, " has too many rows (", w.size(0), ")");
-  TORCH_CHECK(w.size(1) <= 1 || w.stride(1) == 1, "fused_mlp.", op, ": ", name,
+  FUSED_MLP_CHECK(w.size(0) <= INT_MAX, "fused_mlp.", op, ": ", name, " has too many rows (", w.size(0), ")");
+  FUSED_MLP_CHECK(w.size(1) <= 1 || w.stride(1) == 1, "fused_mlp.", op, ": ", name,
               " must have unit stride in its last dimension (got strides ", w.strides(),
               "); rows may be strided (e.g. slices of a packed weight)");
 }
@@ -729,16 +729,16 @@ void check_bias(const char* op, const char* name, const c10::optional<torch::Ten
                 const torch::Tensor& x, int64_t n) {
   if (!b.has_value()) return;
   check_same(op, name, *b, x);
-  TORCH_CHECK(b->dim() == 1 && b->size(0) == n, "fused_mlp.", op, ": ", name, " has shape ",
+  FUSED_MLP_CHECK(b->dim() == 1 && b->size(0) == n, "fused_mlp.", op, ": ", name, " has shape ",
               b->sizes(), ", expected [", n, "]");
-  TORCH_CHECK(n <= 1 || b->stride(0) == 1, "fused_mlp.", op, ": ", name, " must be contiguous");
+  FUSED_MLP_CHECK(n <= 1 || b->stride(0) == 1, "fused_mlp.", op, ": ", name, " must be contiguous");
 }
 
 void check_out(const char* op, const torch::Tensor& out, const torch::Tensor& x, int64_t n) {
   check_same(op, "out", out, x);
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == n, "fused_mlp.", op,
+  FUSED_MLP_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == n, "fused_mlp.", op,
               ": out has shape ", out.sizes(), ", expected [", x.size(0), ", ", n, "]");
-  TORCH_CHECK(out.is_contiguous(), "fused_mlp.", op, ": out must be contiguous");
+  FUSED_MLP_CHECK(out.is_contiguous(), "fused_mlp.", op, ": out must be contiguous");
 }
 
 bool use_mma(const torch::Tensor& x, const torch::Tensor& w0, const torch::Tensor* w1,
@@ -775,7 +775,7 @@ void decode_gate_up_cuda(torch::Tensor& out, const torch::Tensor& x,
   constexpr const char* op = "decode_gate_up";
   check_activation(op, activation);
   check_x(op, x);
-  TORCH_CHECK(gate_weight.dim() == 2, "fused_mlp.decode_gate_up: gate_weight must be 2-D [hidden, dim], got shape ",
+  FUSED_MLP_CHECK(gate_weight.dim() == 2, "fused_mlp.decode_gate_up: gate_weight must be 2-D [hidden, dim], got shape ",
               gate_weight.sizes());
   const int64_t H = gate_weight.size(0);
   check_weight(op, "gate_weight", gate_weight, x, -1);
@@ -783,7 +783,7 @@ void decode_gate_up_cuda(torch::Tensor& out, const torch::Tensor& x,
   check_bias(op, "gate_bias", gate_bias, x, H);
   check_bias(op, "up_bias", up_bias, x, H);
   check_out(op, out, x, H);
-  TORCH_CHECK(x.size(0) * H <= INT_MAX, "fused_mlp.decode_gate_up: out is too large");
+  FUSED_MLP_CHECK(x.size(0) * H <= INT_MAX, "fused_mlp.decode_gate_up: out is too large");
   if (x.size(0) == 0 || H == 0) return;
 
   const c10::cuda::CUDAGuard guard(x.device());
@@ -832,13 +832,13 @@ void decode_linear_cuda(torch::Tensor& out, const torch::Tensor& x, const torch:
   constexpr const char* op = "decode_linear";
   check_activation(op, activation);
   check_x(op, x);
-  TORCH_CHECK(weight.dim() == 2, "fused_mlp.decode_linear: weight must be 2-D [out, in], got shape ",
+  FUSED_MLP_CHECK(weight.dim() == 2, "fused_mlp.decode_linear: weight must be 2-D [out, in], got shape ",
               weight.sizes());
   const int64_t N = weight.size(0);
   check_weight(op, "weight", weight, x, -1);
   check_bias(op, "bias", bias, x, N);
   check_out(op, out, x, N);
-  TORCH_CHECK(x.size(0) * N <= INT_MAX, "fused_mlp.decode_linear: out is too large");
+  FUSED_MLP_CHECK(x.size(0) * N <= INT_MAX, "fused_mlp.decode_linear: out is too large");
   if (x.size(0) == 0 || N == 0) return;
 
   const c10::cuda::CUDAGuard guard(x.device());
