@@ -51,18 +51,33 @@ def main() -> None:
             b2 = torch.randn(d, device=dev, dtype=dt)
             plain = lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh")
             print(f"{name} {dt}: host us/call mlp {host_us(plain):7.1f}")
+    # Where the host time of one fused call goes: each layer measured alone.
+    import importlib
+    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+    disp = importlib.import_module(fm.__name__ + ".dispatch")
     x = torch.randn(128, 4096, device=dev, dtype=torch.bfloat16)
-    wg, wu = (torch.randn(14336, 4096, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    wd = torch.randn(4096, 14336, device=dev, dtype=torch.bfloat16)
+    wg, wu = (torch.randn(14336, 4096, device=dev, dtype=torch.bfloat16) * 0.01 for _ in range(2))
+    wd = torch.randn(4096, 14336, device=dev, dtype=torch.bfloat16) * 0.01
+    h = torch.randn(128, 14336, device=dev, dtype=torch.bfloat16)
+    layers = {
+        "public gated_mlp": lambda: fm.gated_mlp(x, wg, wu, wd, "silu"),
+        "dispatch.gated_mlp_forward": lambda: disp.gated_mlp_forward(x, wg, wu, wd, "silu", None, None, None),
+        "triton_gemm.gated_linear": lambda: tg.gated_linear(x, wg, wu, None, None, 1),
+        "F.linear (down)": lambda: F.linear(h, wd),
+        "dispatch.choose": lambda: disp.choose(x, "gated", (wg, wu, wd), 14336),
+    }
+    for name, fn in layers.items():
+        print(f"  {name:<28} {host_us(fn):7.1f} us/call (host)")
+    fn = layers["triton_gemm.gated_linear"]
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(200):
-        fm.gated_mlp(x, wg, wu, wd, "silu")
+        fn()
     pr.disable()
     torch.cuda.synchronize()
     s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(22)
-    print(s.getvalue()[:6000])
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
+    print(s.getvalue()[:5000])
 
 
 if __name__ == "__main__":

@@ -18,6 +18,16 @@ Paths, by (device, dtype, shape):
                        tensors too large for 32-bit indexing): reference.py
 
 `explain(x2d, kind)` says which path would run, without running it.
+
+Training (forward with autograd, then backward), `backward_choice`:
+
+    "triton"           where the forward would take "triton" or "decode" (decode.py is
+                       forward-only): the training forward stores the pre-activations from
+                       the fused kernel, and the backward is triton_backward.py (dh GEMM with
+                       the activation's derivative in its epilogue, cuBLAS for the rest)
+    "triton-interpret" the same under Triton's interpreter
+    "reference"        everything else: plain-PyTorch gradients (functional.py), the path
+                       gradcheck runs in float64; also everywhere with FUSED_MLP_BACKWARD=reference
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ import torch.nn.functional as F
 
 from . import act_and_mul as _act_and_mul
 from . import reference
-from .activations import activation_id
+from . import triton_backward
+from .activations import activation_id, torch_activation
 
 Tensor = torch.Tensor
 
@@ -219,3 +230,90 @@ def _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias
     h = torch.empty((m, hidden), device=x.device, dtype=x.dtype)
     _act_and_mul.act_and_mul(h, gu, activation)
     return F.linear(h, down_weight, down_bias)
+
+
+# ---- training: forward that saves, and the backward ------------------------------------
+
+_FUSED_PATHS = ("triton", "triton-interpret")
+
+
+def backward_choice(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
+                    weight_layout: str = "linear") -> Choice:
+    """The path of the training forward and of the backward of an MLP of `kind` for x [M, D]:
+    "triton", "triton-interpret" or "reference" (see the module docstring)."""
+    if os.environ.get("FUSED_MLP_BACKWARD", "").lower() == "reference":
+        return Choice("reference", "FUSED_MLP_BACKWARD=reference")
+    c = choose(x, kind, weights, hidden, weight_layout)
+    if c.path == "decode":
+        if _triton_gemm() is None:
+            return Choice("reference", "Triton is not importable")
+        c = Choice("triton", "decode.py is forward-only; training takes the Triton path")
+    if c.path not in _FUSED_PATHS:
+        return Choice("reference", c.reason)
+    width = 2 * hidden if kind == "gated" else hidden  # the saved pre-activations
+    if x.shape[0] * width > _MAX_NUMEL:
+        return Choice("reference", "the saved pre-activations exceed 2**31 - 1 elements (32-bit indexing)")
+    return c
+
+
+def split_gate_up(gate_weight, up_weight, gate_bias, up_bias):
+    """(Wg, Wu, bg, bu); up_weight None: gate_weight is the packed [2H, D] (and gate_bias [2H])."""
+    if up_weight is not None:
+        return gate_weight, up_weight, gate_bias, up_bias
+    n = gate_weight.shape[0] // 2
+    gb, ub = (None, None) if gate_bias is None else (gate_bias[:n], gate_bias[n:])
+    return gate_weight[:n], gate_weight[n:], gb, ub
+
+
+def gated_mlp_train_forward(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias):
+    """(y, g | u [M, 2H], h [M, H]) for 2-D x: what the backward needs, from one pass.
+    up_weight None: gate_weight (and gate_bias) are the packed gate_up tensors."""
+    wg, wu, bg, bu = split_gate_up(gate_weight, up_weight, gate_bias, up_bias)
+    path = backward_choice(x, "gated", (wg, wu, down_weight), wg.shape[0]).path
+    if path in _FUSED_PATHS:
+        return triton_backward.gated_train_forward(
+            _kernels(path), x, wg, wu, down_weight, activation_id(activation), bg, bu, down_bias)
+    g, u = F.linear(x, wg, bg), F.linear(x, wu, bu)
+    h = torch_activation(activation)(g) * u
+    return F.linear(h, down_weight, down_bias), torch.cat([g, u], 1), h
+
+
+def gated_mlp_backward(dy, x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias,
+                       gu, h, needs: int, inplace: bool):
+    """The fused backward (Triton paths): (dx, [dWg; dWu], dWd, [dbg; dbu], dbd), None where
+    `needs` (triton_backward.NEED_* bits) leaves one out. gu / h: saved by
+    gated_mlp_train_forward, or None to recompute them."""
+    wg, wu, bg, bu = split_gate_up(gate_weight, up_weight, gate_bias, up_bias)
+    path = backward_choice(x, "gated", (wg, wu, down_weight), wg.shape[0]).path
+    if path not in _FUSED_PATHS:
+        raise RuntimeError(f"fused_mlp: the fused backward cannot run on the {path!r} path")
+    return triton_backward.gated_backward(
+        _kernels(path), dy, x, wg, wu, down_weight, activation_id(activation), bg, bu, gu, h, needs, inplace)
+
+
+def mlp_train_forward(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout):
+    """(y, pre [M, H], h [M, H]) for 2-D x."""
+    conv = weight_layout == "conv1d"
+    hidden = fc_weight.shape[1] if conv else fc_weight.shape[0]
+    path = backward_choice(x, "mlp", (fc_weight, proj_weight), hidden, weight_layout).path
+    if path in _FUSED_PATHS:
+        return triton_backward.mlp_train_forward(
+            _kernels(path), x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id(activation), weight_layout)
+    pre = F.linear(x, fc_weight.t() if conv else fc_weight, fc_bias)
+    h = torch_activation(activation)(pre)
+    if h is pre:  # identity: a custom op's outputs must not alias each other
+        h = pre.clone()
+    return F.linear(h, proj_weight.t() if conv else proj_weight, proj_bias), pre, h
+
+
+def mlp_backward(dy, x, fc_weight, fc_bias, proj_weight, activation, weight_layout, pre, h,
+                 needs: int, inplace: bool):
+    """The fused backward of the plain MLP (Triton paths): (dx, dW1, dW2, db1, db2)."""
+    conv = weight_layout == "conv1d"
+    hidden = fc_weight.shape[1] if conv else fc_weight.shape[0]
+    path = backward_choice(x, "mlp", (fc_weight, proj_weight), hidden, weight_layout).path
+    if path not in _FUSED_PATHS:
+        raise RuntimeError(f"fused_mlp: the fused backward cannot run on the {path!r} path")
+    return triton_backward.mlp_backward(
+        _kernels(path), dy, x, fc_weight, fc_bias, proj_weight, activation_id(activation), weight_layout,
+        pre, h, needs, inplace)

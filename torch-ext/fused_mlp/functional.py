@@ -2,16 +2,32 @@
 so torch.compile and CUDA graphs see through it) registered under this build's op
 namespace.
 
-    gated_mlp(x, gate_weight, up_weight, down_weight, activation="silu", *, biases...)
-    gated_mlp_packed(x, gate_up_weight, down_weight, activation="silu", *, biases...)
-    mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation="gelu_tanh", weight_layout="linear")
+    gated_mlp(x, gate_weight, up_weight, down_weight, activation="silu", *, biases..., recompute=False)
+    gated_mlp_packed(x, gate_up_weight, down_weight, activation="silu", *, biases..., recompute=False)
+    mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation="gelu_tanh", weight_layout="linear",
+        *, recompute=False)
 
 Weights are nn.Linear's [out, in] (or GPT-2 Conv1D's [in, out] with
 weight_layout="conv1d"); `x` may have any leading dimensions.
+
+Autograd. Without gradients (inference, torch.no_grad) the ops gated_mlp / mlp run.
+When a gradient is needed, the training ops gated_mlp_train / mlp_train run instead:
+    recompute=False  the forward also returns the pre-activations (g | u, or pre) and h,
+                     saved for the backward: the fastest backward, more memory
+    recompute=True   only the inputs are saved; the backward recomputes the pre-activations
+                     (in chunks of the hidden dimension): the least memory
+The backward (dispatch.backward_choice) is the fused one of triton_backward.py on the
+Triton paths, the plain-PyTorch one below elsewhere (CPU, float64, ...) and wherever a
+double backward is asked for (create_graph=True). Eager, the fused
+backward is called directly (no custom-op dispatch: less host time per step) and writes
+dg | du over the saved g | u, unless the graph is kept for another backward
+(retain_graph=True). Traced (torch.compile), it is the custom op gated_mlp_backward /
+mlp_backward (fake implementations; gradients into new buffers).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -19,6 +35,7 @@ import torch
 from . import dispatch
 from ._ops import add_op_namespace_prefix
 from .activations import canonical_activation, torch_activation, torch_activation_derivative
+from .triton_backward import NEED_DB_IN, NEED_DB_OUT, NEED_DW_IN, NEED_DW_OUT, NEED_DX
 
 Tensor = torch.Tensor
 # float64 runs on the reference path (gradcheck, exact comparisons).
@@ -127,6 +144,160 @@ def _(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, do
 _gated_mlp_op.register_autograd(_gated_backward, setup_context=_save_all)
 
 
+# ----------------------------------------------------------------------------- training
+
+
+def _needs_grad(*tensors: Optional[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _may_overwrite_saved() -> bool:
+    """Whether the (eager) fused backward may write gradients over the saved
+    pre-activations: not when the graph is kept for another backward (retain_graph=True)."""
+    try:
+        return not torch._C._autograd._get_current_graph_task_keep_graph()
+    except Exception:  # a torch without this query: be safe
+        return False
+
+
+def _empty_to_none(t: Tensor, wanted: bool) -> Optional[Tensor]:
+    return t if wanted else None
+
+
+def _gated_grads_torch(dy, x2, wg, wu, wd, act, bg, bu, has_bd, gu, h):
+    """Plain-PyTorch gradients of the gated MLP (2-D), from saved g | u and h or recomputed."""
+    hidden = wg.shape[0]
+    if gu is None:
+        g = torch.nn.functional.linear(x2, wg, bg)
+        u = torch.nn.functional.linear(x2, wu, bu)
+        h = None
+    else:
+        g, u = gu[:, :hidden], gu[:, hidden:]
+    a = torch_activation(act)(g)
+    if h is None:
+        h = a * u
+    dh = dy @ wd
+    dg = dh * u * torch_activation_derivative(act)(g)
+    du = dh * a
+    return (dg @ wg + du @ wu, dg.t() @ x2, du.t() @ x2, dy.t() @ h,
+            _sum_rows(dg) if bg is not None else None, _sum_rows(du) if bu is not None else None,
+            _sum_rows(dy) if has_bd else None)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("gated_mlp_train"), mutates_args=())
+def _gated_mlp_train_op(
+    x: Tensor,
+    gate_weight: Tensor,
+    up_weight: Optional[Tensor],
+    down_weight: Tensor,
+    activation: str,
+    gate_bias: Optional[Tensor],
+    up_bias: Optional[Tensor],
+    down_bias: Optional[Tensor],
+    recompute: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, g | u [M, 2H], h [M, H]); the last two are empty with recompute. up_weight None:
+    gate_weight / gate_bias are the packed gate_up [2H, D] / [2H]."""
+    x2 = x.reshape(-1, x.shape[-1])
+    out_shape = (*x.shape[:-1], down_weight.shape[0])
+    if recompute:
+        wg, wu, bg, bu = dispatch.split_gate_up(gate_weight, up_weight, gate_bias, up_bias)
+        y = dispatch.gated_mlp_forward(x2, wg, wu, down_weight, activation, bg, bu, down_bias)
+        return y.reshape(out_shape), x.new_empty(0), x.new_empty(0)
+    y, gu, h = dispatch.gated_mlp_train_forward(
+        x2, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
+    return y.reshape(out_shape), gu, h
+
+
+@_gated_mlp_train_op.register_fake
+def _(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias, recompute):
+    y = x.new_empty(*x.shape[:-1], down_weight.shape[0])
+    if recompute:
+        return y, x.new_empty(0), x.new_empty(0)
+    hidden = gate_weight.shape[0] if up_weight is not None else gate_weight.shape[0] // 2
+    m = math.prod(x.shape[:-1])
+    return y, x.new_empty(m, 2 * hidden), x.new_empty(m, hidden)
+
+
+def _gated_bwd_fake(dy, x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, gu, h, needs):
+    hidden = gate_weight.shape[0] if up_weight is not None else gate_weight.shape[0] // 2
+    shapes = ((x.shape, NEED_DX), ((2 * hidden, x.shape[1]), NEED_DW_IN), (down_weight.shape, NEED_DW_OUT),
+              ((2 * hidden,), NEED_DB_IN), ((down_weight.shape[0],), NEED_DB_OUT))
+    return tuple(x.new_empty(shape if needs & bit else (0,)) for shape, bit in shapes)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("gated_mlp_backward"), mutates_args=())
+def _gated_bwd_op(
+    dy: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weight: Tensor,
+    activation: str, gate_bias: Optional[Tensor], up_bias: Optional[Tensor],
+    gu: Optional[Tensor], h: Optional[Tensor], needs: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The fused backward (2-D dy, x) as traced by torch.compile: (dx, [dWg; dWu], dWd,
+    [dbg; dbu], dbd), empty where `needs` leaves one out; the saved gu is left as it is."""
+    grads = dispatch.gated_mlp_backward(dy, x, gate_weight, up_weight, down_weight, activation,
+                                        gate_bias, up_bias, gu, h, needs, False)
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)  # custom ops return tensors
+
+
+_gated_bwd_op.register_fake(_gated_bwd_fake)
+
+
+def _gated_train_setup(ctx, inputs, output):
+    x, gate_w, up_w, down_w, act, gate_b, up_b, down_b, recompute = inputs
+    _, gu, h = output
+    ctx.mark_non_differentiable(gu, h)
+    ctx.set_materialize_grads(False)  # no zero gradients for the unused outputs
+    ctx.activation = act
+    ctx.save_for_backward(x, gate_w, up_w, down_w, gate_b, up_b, down_b,
+                          None if recompute else gu, None if recompute else h)
+
+
+def _gated_train_backward(ctx, grad_out, _grad_gu, _grad_h):
+    nothing = (None,) * 9
+    if grad_out is None:
+        return nothing
+    x, gate_w, up_w, down_w, gate_b, up_b, down_b, gu, h = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    packed = up_w is None
+    x2 = x.reshape(-1, x.shape[-1])
+    dy = grad_out.reshape(-1, grad_out.shape[-1])
+    wg, wu, bg, bu = dispatch.split_gate_up(gate_w, up_w, gate_b, up_b)
+    hidden = wg.shape[0]
+    path = dispatch.backward_choice(x2, "gated", (wg, wu, down_w), hidden).path
+    if path == "reference" or torch.is_grad_enabled():
+        # torch.is_grad_enabled(): create_graph=True, a double backward to come: PyTorch ops
+        # on pre-activations recomputed from the inputs (the saved ones carry no graph).
+        if torch.is_grad_enabled():
+            gu = h = None
+        dx, dwg, dwu, dwd, dbg, dbu, dbd = _gated_grads_torch(
+            dy, x2, wg, wu, down_w, ctx.activation, bg, bu, down_b is not None, gu, h)
+        dx = dx.reshape(x.shape)
+        if packed:
+            dbgu = None if gate_b is None else torch.cat([dbg, dbu])
+            return dx, torch.cat([dwg, dwu]), None, dwd, None, dbgu, None, dbd, None
+        return dx, dwg, dwu, dwd, None, dbg, dbu, dbd, None
+    needs = ((NEED_DX if need[0] else 0) | (NEED_DW_IN if need[1] or need[2] else 0)
+             | (NEED_DW_OUT if need[3] else 0) | (NEED_DB_IN if need[5] or need[6] else 0)
+             | (NEED_DB_OUT if need[7] else 0))
+    args = (dy, x2, gate_w, up_w, down_w, ctx.activation, gate_b, up_b, gu, h, needs)
+    if torch.compiler.is_compiling():
+        dx, dwgu, dwd, dbgu, dbd = _gated_bwd_op(*args)
+    else:
+        dx, dwgu, dwd, dbgu, dbd = dispatch.gated_mlp_backward(*args, gu is not None and _may_overwrite_saved())
+    dx = dx.reshape(x.shape) if need[0] else None
+    dwd = _empty_to_none(dwd, need[3])
+    dbd = _empty_to_none(dbd, need[7])
+    if packed:
+        return (dx, _empty_to_none(dwgu, need[1]), None, dwd, None,
+                _empty_to_none(dbgu, need[5]), None, dbd, None)
+    # The two weight gradients are the row halves of one [2H, D] tensor (one GEMM made both).
+    return (dx, dwgu[:hidden] if need[1] else None, dwgu[hidden:] if need[2] else None, dwd, None,
+            dbgu[:hidden] if need[5] else None, dbgu[hidden:] if need[6] else None, dbd, None)
+
+
+_gated_mlp_train_op.register_autograd(_gated_train_backward, setup_context=_gated_train_setup)
+
+
 def gated_mlp(
     x: Tensor,
     gate_weight: Tensor,
@@ -137,10 +308,18 @@ def gated_mlp(
     gate_bias: Optional[Tensor] = None,
     up_bias: Optional[Tensor] = None,
     down_bias: Optional[Tensor] = None,
+    recompute: bool = False,
 ) -> Tensor:
-    """down(act(gate(x)) * up(x)) with weights in nn.Linear layout [out, in]."""
+    """down(act(gate(x)) * up(x)) with weights in nn.Linear layout [out, in].
+
+    recompute=True: for training, save only the inputs and recompute the pre-activations
+    in the backward (less memory, one more gate/up GEMM)."""
     act = canonical_activation(activation)
     _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)
+    if _needs_grad(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
+        y, _, _ = _gated_mlp_train_op(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias,
+                                      bool(recompute))
+        return y
     return _gated_mlp_op(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias)
 
 
@@ -152,10 +331,12 @@ def gated_mlp_packed(
     *,
     gate_up_bias: Optional[Tensor] = None,
     down_bias: Optional[Tensor] = None,
+    recompute: bool = False,
 ) -> Tensor:
     """Gated MLP with one [2H, D] gate_up projection, gate first (Phi-3, GLM).
 
-    The gate and up halves are row slices of the packed weight (views, no copy)."""
+    The gate and up halves are row slices of the packed weight (views, no copy). In
+    training the packed weight's gradient is made whole by one GEMM (no slice backward)."""
     if not isinstance(gate_up_weight, torch.Tensor) or gate_up_weight.dim() != 2 or gate_up_weight.shape[0] % 2:
         raise ValueError(
             f"gate_up_weight must be a 2-D tensor [2 * hidden, dim] with an even first dimension, "
@@ -167,6 +348,12 @@ def gated_mlp_packed(
         if not isinstance(gate_up_bias, torch.Tensor) or tuple(gate_up_bias.shape) != (2 * h,):
             raise ValueError(f"gate_up_bias must have shape ({2 * h},), got {tuple(getattr(gate_up_bias, 'shape', ()))}")
         gate_b, up_b = gate_up_bias[:h], gate_up_bias[h:]
+    if _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
+        act = canonical_activation(activation)
+        _check_gated(x, gate_up_weight[:h], gate_up_weight[h:], down_weight, gate_b, up_b, down_bias)
+        y, _, _ = _gated_mlp_train_op(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias,
+                                      bool(recompute))
+        return y
     return gated_mlp(
         x, gate_up_weight[:h], gate_up_weight[h:], down_weight, activation,
         gate_bias=gate_b, up_bias=up_b, down_bias=down_bias,
@@ -227,6 +414,117 @@ def _(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout):
 _mlp_op.register_autograd(_mlp_backward, setup_context=_mlp_save)
 
 
+def _mlp_grads_torch(dy, x2, fc_w, fc_b, proj_w, has_pb, act, layout, pre, h):
+    """Plain-PyTorch gradients of the plain MLP (2-D), from saved pre and h or recomputed;
+    weight gradients in the weights' own layout."""
+    conv = layout == "conv1d"
+    w1 = fc_w.t() if conv else fc_w  # [hidden, dim]
+    w2 = proj_w.t() if conv else proj_w  # [out, hidden]
+    if pre is None:
+        pre = torch.nn.functional.linear(x2, w1, fc_b)
+        h = torch_activation(act)(pre)
+    dpre = (dy @ w2) * torch_activation_derivative(act)(pre)
+    d_w1, d_w2 = dpre.t() @ x2, dy.t() @ h
+    if conv:
+        d_w1, d_w2 = d_w1.t(), d_w2.t()
+    return (dpre @ w1, d_w1, _sum_rows(dpre) if fc_b is not None else None, d_w2,
+            _sum_rows(dy) if has_pb else None)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("mlp_train"), mutates_args=())
+def _mlp_train_op(
+    x: Tensor,
+    fc_weight: Tensor,
+    fc_bias: Optional[Tensor],
+    proj_weight: Tensor,
+    proj_bias: Optional[Tensor],
+    activation: str,
+    weight_layout: str,
+    recompute: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, pre [M, H], h [M, H]); the last two are empty with recompute."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if recompute:
+        y = dispatch.mlp_forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
+        pre, h = x.new_empty(0), x.new_empty(0)
+    else:
+        y, pre, h = dispatch.mlp_train_forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, activation,
+                                               weight_layout)
+    return y.reshape(*x.shape[:-1], y.shape[-1]), pre, h
+
+
+@_mlp_train_op.register_fake
+def _(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout, recompute):
+    conv = weight_layout == "conv1d"
+    y = x.new_empty(*x.shape[:-1], proj_weight.shape[1] if conv else proj_weight.shape[0])
+    if recompute:
+        return y, x.new_empty(0), x.new_empty(0)
+    hidden = fc_weight.shape[1] if conv else fc_weight.shape[0]
+    m = math.prod(x.shape[:-1])
+    return y, x.new_empty(m, hidden), x.new_empty(m, hidden)
+
+
+def _mlp_bwd_fake(dy, x, fc_weight, fc_bias, proj_weight, activation, weight_layout, pre, h, needs):
+    conv = weight_layout == "conv1d"
+    hidden = fc_weight.shape[1] if conv else fc_weight.shape[0]
+    shapes = ((x.shape, NEED_DX), (fc_weight.shape, NEED_DW_IN), (proj_weight.shape, NEED_DW_OUT),
+              ((hidden,), NEED_DB_IN), ((dy.shape[1],), NEED_DB_OUT))
+    return tuple(x.new_empty(shape if needs & bit else (0,)) for shape, bit in shapes)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("mlp_backward"), mutates_args=())
+def _mlp_bwd_op(
+    dy: Tensor, x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
+    activation: str, weight_layout: str, pre: Optional[Tensor], h: Optional[Tensor], needs: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The fused backward of the plain MLP (2-D dy, x) as traced: (dx, dW1, dW2, db1, db2)."""
+    grads = dispatch.mlp_backward(dy, x, fc_weight, fc_bias, proj_weight, activation, weight_layout,
+                                  pre, h, needs, False)
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)
+
+
+_mlp_bwd_op.register_fake(_mlp_bwd_fake)
+
+
+def _mlp_train_setup(ctx, inputs, output):
+    x, fc_w, fc_b, proj_w, proj_b, act, layout, recompute = inputs
+    _, pre, h = output
+    ctx.mark_non_differentiable(pre, h)
+    ctx.set_materialize_grads(False)
+    ctx.activation, ctx.weight_layout = act, layout
+    ctx.save_for_backward(x, fc_w, fc_b, proj_w, proj_b, None if recompute else pre, None if recompute else h)
+
+
+def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
+    if grad_out is None:
+        return (None,) * 8
+    x, fc_w, fc_b, proj_w, proj_b, pre, h = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    act, layout = ctx.activation, ctx.weight_layout
+    x2 = x.reshape(-1, x.shape[-1])
+    dy = grad_out.reshape(-1, grad_out.shape[-1])
+    hidden = fc_w.shape[1] if layout == "conv1d" else fc_w.shape[0]
+    path = dispatch.backward_choice(x2, "mlp", (fc_w, proj_w), hidden, layout).path
+    if path == "reference" or torch.is_grad_enabled():  # (see _gated_train_backward)
+        if torch.is_grad_enabled():
+            pre = h = None
+        dx, dw1, db1, dw2, db2 = _mlp_grads_torch(dy, x2, fc_w, fc_b, proj_w, proj_b is not None, act, layout,
+                                                  pre, h)
+        return dx.reshape(x.shape), dw1, db1, dw2, db2, None, None, None
+    needs = ((NEED_DX if need[0] else 0) | (NEED_DW_IN if need[1] else 0) | (NEED_DB_IN if need[2] else 0)
+             | (NEED_DW_OUT if need[3] else 0) | (NEED_DB_OUT if need[4] else 0))
+    args = (dy, x2, fc_w, fc_b, proj_w, act, layout, pre, h, needs)
+    if torch.compiler.is_compiling():
+        dx, dw1, dw2, db1, db2 = _mlp_bwd_op(*args)
+    else:
+        dx, dw1, dw2, db1, db2 = dispatch.mlp_backward(*args, pre is not None and _may_overwrite_saved())
+    return (dx.reshape(x.shape) if need[0] else None, _empty_to_none(dw1, need[1]), _empty_to_none(db1, need[2]),
+            _empty_to_none(dw2, need[3]), _empty_to_none(db2, need[4]), None, None, None)
+
+
+_mlp_train_op.register_autograd(_mlp_train_backward, setup_context=_mlp_train_setup)
+
+
 def mlp(
     x: Tensor,
     fc_weight: Tensor,
@@ -235,9 +533,12 @@ def mlp(
     proj_bias: Optional[Tensor],
     activation: str = "gelu_tanh",
     weight_layout: str = "linear",
+    *,
+    recompute: bool = False,
 ) -> Tensor:
     """proj(act(fc(x))) with biases. weight_layout="linear": nn.Linear weights [out, in];
-    "conv1d": GPT-2 Conv1D weights [in, out], used as they are (no transposed copy)."""
+    "conv1d": GPT-2 Conv1D weights [in, out], used as they are (no transposed copy).
+    recompute=True: for training, save only the inputs (see gated_mlp)."""
     act = canonical_activation(activation)
     if weight_layout not in ("linear", "conv1d"):
         raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
@@ -262,4 +563,7 @@ def mlp(
         _check_tensor("fc_bias", fc_bias, x, (hidden,))
     if proj_bias is not None:
         _check_tensor("proj_bias", proj_bias, x, (out,))
+    if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
+        y, _, _ = _mlp_train_op(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout, bool(recompute))
+        return y
     return _mlp_op(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)

@@ -6,6 +6,19 @@
 The second GEMM of the block (the down / proj projection) is cuBLAS (F.linear);
 see gated_mlp / mlp at the bottom.
 
+The same tile loop serves the backward pass (triton_backward.py runs it), through
+compile-time flags of the epilogue:
+    STORE_PRE   the forward also stores the pre-activations (gated: g | u side by side in
+                one [M, 2N] buffer; plain: pre), rounded to the input dtype, for the backward
+    BWD         the accumulator is dh = dy @ W_down; the epilogue loads the saved
+                pre-activations and writes the gradient through the activation:
+                gated (BWD=2): dg = dh * u * act'(g) | du = dh * act(g) into one [M, 2N] buffer;
+                plain (BWD=1): dpre = dh * act'(pre); dh itself is never written.
+                STORE_H also writes h = act(g) * u (act(pre)). The output may be the
+                pre-activation buffer itself (in place: each tile is read before it is written).
+and one more kernel, _dual_gemm_kernel: out (+)= a1 @ w1 + a2 @ w2 (dx = dg Wg + du Wu in
+one K loop over both operand pairs, without a concatenated weight).
+
 This is the only module of the package that imports Triton, and dispatch.py imports
 it only when a Triton path runs, so the package works where Triton is absent.
 
@@ -83,6 +96,41 @@ def _activation(x, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _activation_and_grad(x, ACTIVATION: tl.constexpr):
+    """(act(x), act'(x)) on an fp32 tile; the exact derivatives of
+    activations.torch_activation_derivative (relu' = 0 at 0, as there)."""
+    if ACTIVATION == _SILU:
+        s = 1.0 / (1.0 + tl.exp(-x))
+        a = x * s
+        d = s * (1.0 + x * (1.0 - s))
+    elif ACTIVATION == _GELU_TANH:
+        # a = x * s, s = sigmoid(2z) = (1 + tanh z) / 2; a' = s + 2 x s (1 - s) z',
+        # z' = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+        s = 1.0 / (1.0 + tl.exp(-1.5957691216057308 * (x + 0.044715 * x * x * x)))
+        a = x * s
+        d = s + x * s * (1.0 - s) * (1.5957691216057308 * (1.0 + 0.134145 * x * x))
+    elif ACTIVATION == _GELU:
+        cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        a = x * cdf
+        d = cdf + x * tl.exp(-0.5 * x * x) * 0.3989422804014327  # + x * pdf(x)
+    elif ACTIVATION == _RELU:
+        a = tl.maximum(x, 0.0)
+        d = tl.where(x > 0.0, 1.0, 0.0)
+    elif ACTIVATION == _RELU2:
+        a = tl.maximum(x, 0.0)
+        d = 2.0 * a
+        a = a * a
+    elif ACTIVATION == _QUICK_GELU:
+        s = 1.0 / (1.0 + tl.exp(-1.702 * x))
+        a = x * s
+        d = s + 1.702 * x * s * (1.0 - s)
+    else:  # identity
+        a = x
+        d = tl.where(x == x, 1.0, 1.0)  # ones of x's shape (no tl.full_like: see interpreted_module)
+    return a, d
+
+
+@triton.jit
 def _tile_coords(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """This program's (row block, column block): GROUP_M row blocks walk the column
     blocks together, so the weight columns they share are read from L2."""
@@ -98,37 +146,91 @@ def _tile_coords(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 
 
 @triton.jit
-def _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, M, N, stride_om, stride_on, pid_m, pid_n,
+def _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
+              stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
               GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr,
+              STORE_PRE: tl.constexpr, BWD: tl.constexpr, STORE_H: tl.constexpr, SUBTILE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """In fp32 on the accumulators: bias, activation, gate * up; then the one store."""
+    """In fp32 on the accumulators. Forward (BWD=0): bias, activation, gate * up, the store
+    (and the pre-activations with STORE_PRE). Backward (BWD=1 plain, 2 gated): acc1 is dh;
+    multiply by the activation's derivative at the saved pre-activations."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = offs_n % N  # wrapped: bias loads need no mask
-    if HAS_B1:
-        acc1 += tl.load(b1_ptr + rn).to(tl.float32)[None, :]
-    out = _activation(acc1, ACTIVATION)
-    if GATED:
-        if HAS_B2:
-            acc2 += tl.load(b2_ptr + rn).to(tl.float32)[None, :]
-        out = out * acc2
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    if BWD == 0:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+        pre_ptrs = pre_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
+        rn = offs_n % N  # wrapped: bias loads need no mask
+        if HAS_B1:
+            acc1 += tl.load(b1_ptr + rn).to(tl.float32)[None, :]
+        if STORE_PRE:
+            tl.store(pre_ptrs, acc1.to(pre_ptr.dtype.element_ty), mask=mask)
+        out = _activation(acc1, ACTIVATION)
+        if GATED:
+            if HAS_B2:
+                acc2 += tl.load(b2_ptr + rn).to(tl.float32)[None, :]
+            if STORE_PRE:
+                tl.store(pre_ptrs + N * stride_pn, acc2.to(pre_ptr.dtype.element_ty), mask=mask)
+            out = out * acc2
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    elif SUBTILE:
+        # Two [BLOCK_M, BLOCK_N / 2] halves one after the other: half the live registers
+        # (dh, u, act(g), act'(g) of a whole 128 x 128 tile spill on 8 warps).
+        dh0, dh1 = tl.split(tl.permute(tl.reshape(acc1, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        offs_n0 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+        _bwd_epilogue(dh0, out_ptr, pre_ptr, h_ptr, offs_m, offs_n0, M, N, stride_om, stride_on,
+                      stride_pm, stride_pn, stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
+        _bwd_epilogue(dh1, out_ptr, pre_ptr, h_ptr, offs_m, offs_n0 + BLOCK_N // 2, M, N, stride_om, stride_on,
+                      stride_pm, stride_pn, stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
+    else:
+        _bwd_epilogue(acc1, out_ptr, pre_ptr, h_ptr, offs_m, offs_n, M, N, stride_om, stride_on,
+                      stride_pm, stride_pn, stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
+
+
+@triton.jit
+def _bwd_epilogue(dh, out_ptr, pre_ptr, h_ptr, offs_m, offs_n, M, N, stride_om, stride_on,
+                  stride_pm, stride_pn, stride_hm, stride_hn,
+                  ACTIVATION: tl.constexpr, BWD: tl.constexpr, STORE_H: tl.constexpr):
+    """dh times the activation's derivative at the saved pre-activations, for one tile."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    pre_ptrs = pre_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
+    # Masked loads, not wrapped rows: in place, a wrapped row may already hold gradients.
+    # Every load of a tile comes before its stores (in place, out is pre).
+    z = tl.load(pre_ptrs, mask=mask, other=0.0).to(tl.float32)
+    a, da = _activation_and_grad(z, ACTIVATION)
+    if BWD == 2:
+        u = tl.load(pre_ptrs + N * stride_pn, mask=mask, other=0.0).to(tl.float32)
+        if STORE_H:
+            h_ptrs = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :] * stride_hn
+            tl.store(h_ptrs, (a * u).to(h_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptrs, (dh * u * da).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptrs + N * stride_on, (dh * a).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        if STORE_H:
+            h_ptrs = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :] * stride_hn
+            tl.store(h_ptrs, a.to(h_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptrs, (dh * da).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compilation for every number of tokens
 def _fused_linear_kernel(
-    x_ptr, w1_ptr, w2_ptr, b1_ptr, b2_ptr, out_ptr,
+    x_ptr, w1_ptr, w2_ptr, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr,
     M, N, K,
     stride_xm, stride_xk,
     stride_w1n, stride_w1k,
     stride_w2n, stride_w2k,
     stride_om, stride_on,
+    stride_pm, stride_pn,
+    stride_hm, stride_hn,
     GATED: tl.constexpr,  # out = act(x W1^T + b1) * (x W2^T + b2), else act(x W1^T + b1)
     ACTIVATION: tl.constexpr,
     HAS_B1: tl.constexpr,
     HAS_B2: tl.constexpr,
+    STORE_PRE: tl.constexpr,  # forward: also store the pre-activations (see the module docstring)
+    BWD: tl.constexpr,  # 0 forward; 1 / 2: backward epilogue, plain / gated (GATED is then False)
+    STORE_H: tl.constexpr,  # backward: also store h
+    SUBTILE: tl.constexpr,  # backward: the epilogue in two column halves (fewer live registers)
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K mask
     DOT_PRECISION: tl.constexpr,  # "tf32" or "ieee" (fp32 inputs only)
     BLOCK_M: tl.constexpr,
@@ -171,19 +273,26 @@ def _fused_linear_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w1_ptrs += BLOCK_K * stride_w1k
 
-    _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, M, N, stride_om, stride_on, pid_m, pid_n,
-              GATED, ACTIVATION, HAS_B1, HAS_B2, BLOCK_M, BLOCK_N)
+    _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
+              stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
+              GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
 def _fused_linear_kernel_tma(
-    x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr,
+    x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr,
     M, N, K,
     stride_om, stride_on,
+    stride_pm, stride_pn,
+    stride_hm, stride_hn,
     GATED: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_B1: tl.constexpr,
     HAS_B2: tl.constexpr,
+    STORE_PRE: tl.constexpr,
+    BWD: tl.constexpr,
+    STORE_H: tl.constexpr,
+    SUBTILE: tl.constexpr,
     W_KN: tl.constexpr,  # weights stored [K, N] (Conv1D) rather than [N, K] (nn.Linear)
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -212,8 +321,65 @@ def _fused_linear_kernel_tma(
             b2 = w2_desc.load([off_n, off_k]).T
             acc2 = tl.dot(a, b2, acc2, input_precision=DOT_PRECISION)
 
-    _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, M, N, stride_om, stride_on, pid_m, pid_n,
-              GATED, ACTIVATION, HAS_B1, HAS_B2, BLOCK_M, BLOCK_N)
+    _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
+              stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
+              GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _k_loop(acc, a_ptr, w_ptr, rm, rn, K, stride_am, stride_ak, stride_wk, stride_wn,
+            EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += a[rm, :K] @ w[:K, rn], w read through (k, n) strides."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + offs_k[:, None] * stride_wk + rn[None, :] * stride_wn
+    for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])
+def _dual_gemm_kernel(
+    a1_ptr, a2_ptr, w1_ptr, w2_ptr, out_ptr,
+    M, N, K,
+    stride_am, stride_ak,  # a1 and a2 share their strides (two column blocks of one buffer)
+    stride_w1k, stride_w1n,
+    stride_w2k, stride_w2n,
+    stride_om, stride_on,
+    ACCUMULATE: tl.constexpr,  # out += ..., else out = ...
+    EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """out (+)= a1 @ w1 + a2 @ w2 with a [M, K], w [K, N]: the input gradient of a gated
+    MLP (dg Wg + du Wu) in one accumulator, two K loops."""
+    pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    acc = _k_loop(acc, a1_ptr, w1_ptr, rm, rn, K, stride_am, stride_ak, stride_w1k, stride_w1n,
+                  EVEN_K, DOT_PRECISION, BLOCK_K)
+    acc = _k_loop(acc, a2_ptr, w2_ptr, rm, rn, K, stride_am, stride_ak, stride_w2k, stride_w2n,
+                  EVEN_K, DOT_PRECISION, BLOCK_K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    if ACCUMULATE:
+        acc += tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 INTERPRETED: bool = type(_fused_linear_kernel).__name__ == "InterpretedFunction"
@@ -282,6 +448,31 @@ _PLAIN_CONFIGS = {
         Config(128, 64, 64, 8, 4, 4),
     ],
 }
+# The backward's dh GEMM (one accumulator; its epilogue loads one or two saved tiles and
+# stores one or two): at most 128 x 128 accumulator elements per 8 warps (64 per thread), so
+# that dh, u, act(g) and act'(g) of an epilogue half fit in registers (sm_80 / sm_90 AOT
+# compiles: 143-210 registers, no spill; 128 x 256 and 4-warp 128 x 128 tiles spill).
+_BWD_CONFIGS = {
+    "small": [
+        Config(16, 64, 128, 8, 4, 4),
+        Config(32, 64, 128, 8, 4, 4),
+        Config(64, 64, 64, 8, 4, 4),
+        Config(16, 128, 64, 8, 4, 4),
+    ],
+    "medium": [
+        Config(64, 128, 64, 8, 4, 4),
+        Config(128, 64, 64, 8, 4, 4),
+        Config(64, 64, 64, 8, 4, 4),
+        Config(128, 128, 64, 8, 8, 3),
+    ],
+    "large": [
+        Config(128, 128, 64, 8, 8, 3),
+        Config(128, 128, 64, 8, 8, 4),
+        Config(128, 64, 64, 8, 4, 4),
+        Config(64, 128, 64, 8, 4, 4),
+        Config(64, 256, 64, 8, 8, 3),
+    ],
+}
 # Small and fast for the interpreter, yet every mask and the grouping are exercised.
 INTERPRETER_CONFIG = Config(32, 32, 16, 2, 4, 1)
 
@@ -299,9 +490,12 @@ def m_bucket(m: int) -> int:
 _TMA_VARIANTS = 3
 
 
-def candidates(gated: bool, m: int, n: int, k: int, dtype: torch.dtype, tma: bool = False) -> list[Config]:
-    """The configs worth timing for this problem, clamped to it and deduplicated."""
-    table = _GATED_CONFIGS if gated else _PLAIN_CONFIGS
+def candidates(gated: bool, m: int, n: int, k: int, dtype: torch.dtype, tma: bool = False,
+               table: Optional[dict] = None) -> list[Config]:
+    """The configs worth timing for this problem, clamped to it and deduplicated (`table`:
+    another list than the forward's, e.g. _BWD_CONFIGS)."""
+    if table is None:
+        table = _GATED_CONFIGS if gated else _PLAIN_CONFIGS
     size = "small" if m <= 64 else "medium" if m <= 512 else "large"
     out: list[Config] = []
     for c in table[size]:
@@ -323,8 +517,8 @@ def _tma_compatible(*tensors: Tensor) -> bool:
     for t in tensors:
         if t.dim() != 2 or 0 in t.shape or t.stride(1) != 1 or t.data_ptr() % 16:
             return False
-        if (t.stride(0) * t.element_size()) % 16:
-            return False
+        if (t.stride(0) * t.element_size()) % 16 or (t.stride(0) == 0 and t.shape[0] > 1):
+            return False  # (a broadcast row, e.g. the expanded gradient of y.sum(): pointer loads)
     return True
 
 
@@ -337,21 +531,34 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "tf32"  # the default; ignored for 16-bit inputs
 
 
+# Epilogue modes of _launch (the kernels' BWD flag).
+FWD, BWD_PLAIN, BWD_GATED = 0, 1, 2
+
+
 def _launch(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool,
-            b1: Optional[Tensor], b2: Optional[Tensor], out: Tensor, activation_id: int) -> None:
-    """One launch of the fused kernel. w1 (and w2, gated only) are [N, K], or [K, N] with w_kn."""
+            b1: Optional[Tensor], b2: Optional[Tensor], out: Tensor, activation_id: int,
+            pre: Optional[Tensor] = None, h: Optional[Tensor] = None, bwd: int = FWD) -> None:
+    """One launch of the fused kernel. w1 (and w2, gated forward only) are [N, K], or [K, N]
+    with w_kn. Forward: `pre` receives the pre-activations if given. Backward (bwd=BWD_PLAIN /
+    BWD_GATED): x is dy, w1 the down / proj weight, `pre` the saved pre-activations, `out`
+    their gradient ([M, 2N] when gated; may be `pre` itself), `h` receives h if given."""
     M, K = x.shape
-    N = out.shape[1]
+    N = out.shape[1] // 2 if bwd == BWD_GATED else out.shape[1]
     gated = w2 is not None
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     flags = dict(
         GATED=gated, ACTIVATION=activation_id, HAS_B1=b1 is not None, HAS_B2=b2 is not None,
+        STORE_PRE=bwd == FWD and pre is not None, BWD=bwd, STORE_H=bwd != FWD and h is not None,
+        SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
         DOT_PRECISION=_dot_precision(x.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     b1 = b1 if b1 is not None else out  # placeholders, never read
     b2 = b2 if b2 is not None else out
+    pre = pre if pre is not None else out
+    h = h if h is not None else out
+    extra = (pre.stride(0), pre.stride(1), h.stride(0), h.stride(1))
     if cfg.tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -360,19 +567,35 @@ def _launch(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool
         w1_d = TensorDescriptor.from_tensor(w1, [bk, bn] if w_kn else [bn, bk])
         w2_d = TensorDescriptor.from_tensor(w2, [bn, bk]) if gated else w1_d
         _fused_linear_kernel_tma[grid](
-            x_d, w1_d, w2_d, b1, b2, out, M, N, K, out.stride(0), out.stride(1), W_KN=w_kn, **flags)
+            x_d, w1_d, w2_d, b1, b2, out, pre, h, M, N, K, out.stride(0), out.stride(1), *extra,
+            W_KN=w_kn, **flags)
         return
     s1 = (w1.stride(1), w1.stride(0)) if w_kn else (w1.stride(0), w1.stride(1))  # (n, k) strides
     s2 = (w2.stride(0), w2.stride(1)) if gated else s1
     _fused_linear_kernel[grid](
-        x, w1, w2 if gated else w1, b1, b2, out,
+        x, w1, w2 if gated else w1, b1, b2, out, pre, h,
         M, N, K,
-        x.stride(0), x.stride(1), *s1, *s2, out.stride(0), out.stride(1),
+        x.stride(0), x.stride(1), *s1, *s2, out.stride(0), out.stride(1), *extra,
         EVEN_K=K % cfg.block_k == 0, **flags,
     )
 
 
-# (gated, M bucket, N, K, dtype, device name, capability) -> the fastest config measured.
+def _launch_dual(cfg: Config, a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor,
+                 accumulate: bool) -> None:
+    M, K = a1.shape
+    N = out.shape[1]
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    _dual_gemm_kernel[grid](
+        a1, a2, w1, w2, out, M, N, K,
+        a1.stride(0), a1.stride(1), w1.stride(0), w1.stride(1), w2.stride(0), w2.stride(1),
+        out.stride(0), out.stride(1),
+        ACCUMULATE=accumulate, EVEN_K=K % cfg.block_k == 0, DOT_PRECISION=_dot_precision(a1.dtype),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+# (gated, M bucket, N, K, dtype, (device name, capability), TMA, mode) -> the fastest config measured.
 _TUNED: dict[tuple, Config] = {}
 
 
@@ -413,20 +636,31 @@ def _time_ms(fn) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _pick_config(x: Tensor, n: int, gated: bool, tma_ok: bool, launch) -> Config:
-    """The config for this problem: the interpreter's, the cached winner, or time the candidates."""
+# Tuning modes: the candidate list of each, and whether it has TMA variants.
+_MODE_TABLES = {"fwd": None, "fwd_save": None, "bwd": _BWD_CONFIGS, "bwd_gated": _BWD_CONFIGS,
+                "dual": _PLAIN_CONFIGS}
+
+
+def _pick_config(x: Tensor, n: int, gated: bool, tma_ok: bool, launch, mode: str = "fwd",
+                 timing_launch=None) -> Config:
+    """The config for this problem: the interpreter's, the cached winner, or time the candidates.
+
+    `timing_launch`, for launches that must not run twice (in place, or accumulating):
+    called on a cache miss only, it returns the launch function to time (into scratch)."""
     if INTERPRETED or x.device.type != "cuda":
         return INTERPRETER_CONFIG
     m, k = x.shape
     dev = _device_key(x.device.index if x.device.index is not None else torch.cuda.current_device())
     tma = tma_ok and dev[1] >= (9, 0) and _tma_enabled()
-    key = (gated, m_bucket(m), n, k, x.dtype, dev, tma)
+    key = (gated, m_bucket(m), n, k, x.dtype, dev, tma) + ((mode,) if mode != "fwd" else ())
     cfg = _TUNED.get(key)
     if cfg is not None:
         return cfg
-    cands = candidates(gated, m, n, k, x.dtype, tma)
+    cands = candidates(gated, m, n, k, x.dtype, tma, table=_MODE_TABLES[mode])
     if len(cands) == 1 or not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
         return cands[0]  # not cached: a later, uncaptured call still tunes
+    if timing_launch is not None:
+        launch = timing_launch()
     best, best_ms = None, float("inf")
     for c in cands:
         try:
@@ -455,39 +689,105 @@ def _on_device(x: Tensor):
 def gated_linear(
     x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
     up_bias: Optional[Tensor], activation_id: int, config: Optional[Config] = None,
+    *, pre: Optional[Tensor] = None, out: Optional[Tensor] = None,
 ) -> Tensor:
-    """act(x Wg^T + bg) * (x Wu^T + bu) for 2-D x [M, K], weights [N, K] (any strides)."""
+    """act(x Wg^T + bg) * (x Wu^T + bu) for 2-D x [M, K], weights [N, K] (any strides).
+
+    pre: an [M, 2N] buffer (any strides) that also receives g | u, in x's dtype;
+    out: the [M, N] buffer for the result (allocated if None)."""
     M, K = x.shape
     N = gate_weight.shape[0]
-    out = torch.empty((M, N), device=x.device, dtype=x.dtype)
+    if out is None:
+        out = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if M == 0 or N == 0:
         return out
 
     def launch(cfg: Config) -> None:
-        _launch(cfg, x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id)
+        _launch(cfg, x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre=pre)
 
+    mode = "fwd" if pre is None else "fwd_save"
     with _on_device(x):
-        launch(config or _pick_config(x, N, True, _tma_compatible(x, gate_weight, up_weight), launch))
+        launch(config or _pick_config(x, N, True, _tma_compatible(x, gate_weight, up_weight), launch, mode))
     return out
 
 
 def linear_act(
     x: Tensor, weight: Tensor, bias: Optional[Tensor], activation_id: int,
     weight_layout: str = "linear", config: Optional[Config] = None,
+    *, pre: Optional[Tensor] = None, out: Optional[Tensor] = None,
 ) -> Tensor:
-    """act(x W^T + b); weight [N, K] ("linear") or [K, N] ("conv1d"), any strides."""
+    """act(x W^T + b); weight [N, K] ("linear") or [K, N] ("conv1d"), any strides.
+    pre: an [M, N] buffer that also receives x W^T + b; out: the result's buffer."""
     M, K = x.shape
     w_kn = weight_layout == "conv1d"
     N = weight.shape[1] if w_kn else weight.shape[0]
-    out = torch.empty((M, N), device=x.device, dtype=x.dtype)
+    if out is None:
+        out = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if M == 0 or N == 0:
         return out
 
     def launch(cfg: Config) -> None:
-        _launch(cfg, x, weight, None, w_kn, bias, None, out, activation_id)
+        _launch(cfg, x, weight, None, w_kn, bias, None, out, activation_id, pre=pre)
 
+    mode = "fwd" if pre is None else "fwd_save"
     with _on_device(x):
-        launch(config or _pick_config(x, N, False, _tma_compatible(x, weight), launch))
+        launch(config or _pick_config(x, N, False, _tma_compatible(x, weight), launch, mode))
+    return out
+
+
+def linear_dact(
+    dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activation_id: int,
+    gated: bool, h: Optional[Tensor] = None, config: Optional[Config] = None,
+) -> Tensor:
+    """The backward's first GEMM with the activation's derivative as its epilogue.
+
+    dh = dy @ W for dy [M, K] and the down / proj weight W read as [K, N] (w_kn, e.g.
+    nn.Linear's [out, hidden]) or [N, K] (Conv1D's [hidden, out]); dh is never stored:
+        gated: pre = g | u [M, 2N]  ->  out = dh * u * act'(g) | dh * act(g)  [M, 2N]
+        plain: pre [M, N]           ->  out = dh * act'(pre)              [M, N]
+    `out` may be `pre` itself (in place). h: an [M, N] buffer receiving act(g) * u / act(pre)."""
+    M, K = dy.shape
+    N = pre.shape[1] // 2 if gated else pre.shape[1]
+    if M == 0 or N == 0:
+        return out
+    bwd = BWD_GATED if gated else BWD_PLAIN
+    inplace = out.data_ptr() == pre.data_ptr()
+
+    def launch(cfg: Config, target: Tensor = out, h_target: Optional[Tensor] = h) -> None:
+        _launch(cfg, dy, weight, None, w_kn, None, None, target, activation_id, pre=pre, h=h_target, bwd=bwd)
+
+    def timing_launch():  # in place, a second run would read gradients as pre-activations
+        scratch = torch.empty_like(out)
+        return lambda cfg: launch(cfg, scratch)
+
+    with _on_device(dy):
+        cfg = config or _pick_config(dy, N, False, _tma_compatible(dy, weight), launch,
+                                     "bwd_gated" if gated else "bwd", timing_launch if inplace else None)
+        launch(cfg)
+    return out
+
+
+def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, accumulate: bool = False,
+                config: Optional[Config] = None) -> Tensor:
+    """out (+)= a1 @ w1 + a2 @ w2 in one kernel: a1, a2 [M, K] with the same strides (e.g. the
+    two halves of dg | du), w1, w2 [K, N] (any strides, e.g. nn.Linear's [hidden, dim])."""
+    M, K = a1.shape
+    N = out.shape[1]
+    if M == 0 or N == 0:
+        return out
+    if a2.stride() != a1.stride():
+        raise ValueError("dual_matmul: a1 and a2 must have the same strides")
+
+    def launch(cfg: Config, target: Tensor = out) -> None:
+        _launch_dual(cfg, a1, a2, w1, w2, target, accumulate)
+
+    def timing_launch():
+        scratch = torch.empty_like(out)
+        return lambda cfg: launch(cfg, scratch)
+
+    with _on_device(a1):
+        cfg = config or _pick_config(a1, N, False, False, launch, "dual", timing_launch if accumulate else None)
+        launch(cfg)
     return out
 
 

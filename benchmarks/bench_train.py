@@ -1,0 +1,507 @@
+#!/usr/bin/env python3
+"""Training-step benchmark (forward + backward) of fused-mlp against its peers, in one
+process on one GPU.
+
+    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/bench_train.py [--variants] [--cases geglu]
+
+fused-mlp is loaded the way users load it: kernels.get_kernel("org/fused-mlp", version=1).
+
+One step is y = f(x); y.backward(dy) with x and every weight (and bias) requiring grad;
+the gradients are set to None between steps (do_bench's grad_to_none). Per case:
+
+    ours            fused_mlp.gated_mlp / fused_mlp.mlp (saves the pre-activations)
+    ours_recompute  the same with recompute=True (saves the inputs only)
+    eager           F.linear + activation + multiply + F.linear, PyTorch autograd
+    compile         torch.compile (default mode, static shapes, compiled afresh per case) of eager
+    liger           Liger-Kernel's fused act*mul autograd functions between F.linear calls
+                    (gated cases, if importable)
+    floor           max(FLOPs / matmul rate, minimal bytes / copy bandwidth): 3x the forward's
+                    FLOPs; x, weights and dy read once, y, dx and the weight gradients written
+
+Before timing, every implementation's gradients are compared with fp32 eager autograd on
+the same rounded inputs (TF32 off); a wrong one is reported and not timed. Timing "events":
+triton.testing.do_bench, median, L2 flushed between steps. Peak memory: the most memory
+allocated during one step over what was allocated before it (inputs, weights and dy
+excluded; the gradients the step creates included).
+
+--variants also times alternatives of our backward on the same cases:
+    dx=triton       dx = dg Wg + du Wu by the dual-operand Triton kernel (default: cuBLAS
+                    mm + addmm_, one mm for a packed weight)
+    no_subtile      the dh kernel's epilogue on whole tiles (default: two column halves)
+    recompute_chunk_256mb  recompute=True with fewer, larger hidden-column chunks
+    backward=reference     our forward, PyTorch ops for the backward (what the fusion is worth)
+    not_in_place    dg | du into a new buffer (what retain_graph / torch.compile get)
+    packed          gated_mlp_packed on one [2H, D] weight (dx and [dWg; dWu] in one GEMM each)
+    forward_only    ours' training forward (saving g | u and h) and eager's forward with grad
+                    enabled, no backward: the backward is the rest of the step
+    kernel:*        our Triton kernels alone against cuBLAS GEMMs of the same shape (is the
+                    Triton tile loop as fast as cuBLAS here?): the training forward's fused
+                    gate/up kernel (storing h and g | u) vs x [Wg; Wu]^T; the dh kernel with its
+                    derivative epilogue (in place) vs dy Wd; the dual-operand dx kernel vs
+                    mm + addmm_
+
+Output: a table on stdout, JSON in --out (rows of {case, timing, ours_ms, peers_ms,
+ours_recompute_ms, peak_mem_mb, floor_ms}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench_mlp import Timer, _version, ceilings  # noqa: E402  (same directory)
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_train_h200.json"
+PEERS = ("eager", "compile", "liger")
+MEM_KEYS = ("ours", "ours_recompute") + PEERS
+TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-4}
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "gated" or "mlp"
+    activation: str
+    m: int
+    d: int
+    h: int
+    dtype: torch.dtype
+    bias: bool
+
+    @property
+    def flops(self) -> float:
+        gemms = 3 if self.kind == "gated" else 2
+        return 3 * 2.0 * self.m * self.d * self.h * gemms  # forward + 2x for the backward
+
+    @property
+    def min_bytes(self) -> float:
+        """x, dy, the weights read once; y, dx, the weight (and bias) gradients written once."""
+        n_w = (3 if self.kind == "gated" else 2) * self.h * self.d
+        n_b = (self.h + self.d) if self.bias else 0
+        return float(4 * self.m * self.d + 2 * (n_w + n_b)) * torch.finfo(self.dtype).bits / 8
+
+
+def all_cases() -> list[Case]:
+    bf = torch.bfloat16
+    return [
+        Case("geglu_m8192_d768_h3072_bf16_train", "gated", "gelu_tanh", 8192, 768, 3072, bf, False),
+        Case("swiglu_m4096_d4096_h14336_bf16_train", "gated", "silu", 4096, 4096, 14336, bf, False),
+        Case("mlp_gelu_tanh_m8192_d768_h3072_bf16_train", "mlp", "gelu_tanh", 8192, 768, 3072, bf, True),
+    ]
+
+
+# ----------------------------------------------------------------------------- implementations
+
+_ACT = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "gelu": F.gelu}
+
+
+def eager_gated(x, wg, wu, wd, activation: str):
+    return F.linear(_ACT[activation](F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def eager_mlp(x, w1, b1, w2, b2, activation: str):
+    return F.linear(_ACT[activation](F.linear(x, w1, b1)), w2, b2)
+
+
+def load_liger():
+    """Liger's act*mul autograd functions (its kernels run in forward and backward)."""
+    try:
+        from liger_kernel.ops.geglu import LigerGELUMulFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except Exception as e:  # not installed, or not importable with this torch / triton
+        print(f"[bench] Liger-Kernel not available: {type(e).__name__}: {e}", flush=True)
+        return None
+    return {"silu": LigerSiLUMulFunction.apply, "gelu_tanh": LigerGELUMulFunction.apply}
+
+
+def make_inputs(c: Case, seed: int, device: str = "cuda") -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * scale).to(c.dtype)
+
+    t = {"x": rnd(c.m, c.d)}
+    if c.kind == "gated":
+        t.update(wg=rnd(c.h, c.d, scale=c.d**-0.5), wu=rnd(c.h, c.d, scale=c.d**-0.5),
+                 wd=rnd(c.d, c.h, scale=c.h**-0.5))
+    else:
+        t.update(w1=rnd(c.h, c.d, scale=c.d**-0.5), b1=rnd(c.h, scale=0.1) if c.bias else None,
+                 w2=rnd(c.d, c.h, scale=c.h**-0.5), b2=rnd(c.d, scale=0.1) if c.bias else None)
+    for v in t.values():
+        if v is not None:
+            v.requires_grad_()
+    t["dy"] = rnd(c.m, c.d)
+    return t
+
+
+def params(t: dict) -> list:
+    return [v for k, v in t.items() if k != "dy" and v is not None]
+
+
+def forward_fns(c: Case, t: dict, fm, compiled, liger) -> dict:
+    """name -> zero-argument forward (returns y); None where not applicable."""
+    x, act = t["x"], c.activation
+    if c.kind == "gated":
+        wg, wu, wd = t["wg"], t["wu"], t["wd"]
+        fns = {
+            "ours": lambda: fm.gated_mlp(x, wg, wu, wd, act),
+            "ours_recompute": lambda: fm.gated_mlp(x, wg, wu, wd, act, recompute=True),
+            "eager": lambda: eager_gated(x, wg, wu, wd, act),
+            "compile": (lambda: compiled["gated"](x, wg, wu, wd, act)) if compiled else None,
+            "liger": None,
+        }
+        if liger is not None and act in liger:
+            fn = liger[act]
+            fns["liger"] = lambda: F.linear(fn(F.linear(x, wg), F.linear(x, wu)), wd)
+        return fns
+    w1, b1, w2, b2 = t["w1"], t["b1"], t["w2"], t["b2"]
+    return {
+        "ours": lambda: fm.mlp(x, w1, b1, w2, b2, act),
+        "ours_recompute": lambda: fm.mlp(x, w1, b1, w2, b2, act, recompute=True),
+        "eager": lambda: eager_mlp(x, w1, b1, w2, b2, act),
+        "compile": (lambda: compiled["mlp"](x, w1, b1, w2, b2, act)) if compiled else None,
+        "liger": None,  # Liger has no plain-MLP kernel
+    }
+
+
+def train_step(fwd, dy, retain=False):
+    def step():
+        fwd().backward(dy, retain_graph=retain)
+    return step
+
+
+def reference_grads(c: Case, t: dict) -> list:
+    """fp32 eager autograd on the same rounded inputs, without TF32."""
+    f = {k: (v.detach().float().requires_grad_() if v is not None and k != "dy" else v) for k, v in t.items()}
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        if c.kind == "gated":
+            y = eager_gated(f["x"], f["wg"], f["wu"], f["wd"], c.activation)
+        else:
+            y = eager_mlp(f["x"], f["w1"], f["b1"], f["w2"], f["b2"], c.activation)
+        y.backward(t["dy"].float())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return [p.grad for p in params(f)]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.float()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def grads_of(step, ps) -> list:
+    for p in ps:
+        p.grad = None
+    step()
+    out = [p.grad.detach().clone() for p in ps]
+    for p in ps:
+        p.grad = None
+    return out
+
+
+def peak_mb(step, ps):
+    """Peak allocation during one step above what was allocated before it, in MB (None on CPU)."""
+    if not torch.cuda.is_available() or ps[0].device.type != "cuda":
+        return None
+    for p in ps:
+        p.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    for p in ps:
+        p.grad = None
+    return peak / 1e6
+
+
+@contextlib.contextmanager
+def env(**kv):
+    old = {k: os.environ.get(k) for k in kv}
+    os.environ.update({k: str(v) for k, v in kv.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def fmt(v, spec="8.3f") -> str:
+    return f"{'n/a':>{spec.split('.')[0]}}" if v is None else format(v, spec)
+
+
+def run(args) -> dict:
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("[bench] no CUDA device")
+    from kernels import get_kernel
+
+    fm = get_kernel(args.repo_id, version=1)
+    timer = Timer(device, quick=False)
+    t0 = time.time()
+    ceil = ceilings(timer, device, quick=False)
+    print(f"[bench] copy bandwidth {ceil['copy_bytes_per_s'] / 1e9:.0f} GB/s (read+write), "
+          f"bf16 matmul {ceil['bf16_matmul_flop_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
+
+    def bench(step, ps) -> float:
+        if device != "cuda":  # a dry run of this script: plain wall-clock median
+            return timer(step)
+        import triton.testing
+
+        return float(triton.testing.do_bench(step, warmup=args.warmup, rep=args.rep, grad_to_none=ps,
+                                             return_mode="median"))
+
+    cases = all_cases()
+    if args.cases:
+        pats = [p.strip() for p in args.cases.split(",") if p.strip()]
+        cases = [c for c in cases if any(p in c.name for p in pats)]
+    if args.shrink > 1:  # dry runs on small machines
+        s = args.shrink
+        cases = [Case(c.name, c.kind, c.activation, max(1, c.m // s), max(16, c.d // s), max(16, c.h // s),
+                      torch.float32 if device == "cpu" else c.dtype, c.bias) for c in cases]
+    skip = set(filter(None, (args.skip_peers or "").split(",")))
+    liger = None if "liger" in skip else load_liger()
+
+    rows, verification, variants = [], {}, {}
+    for i, c in enumerate(cases):
+        tc = time.time()
+        compiled = None
+        if "compile" not in skip:
+            torch._dynamo.reset()
+            compiled = {"gated": torch.compile(eager_gated, dynamic=False),
+                        "mlp": torch.compile(eager_mlp, dynamic=False)}
+        t = make_inputs(c, seed=1000 + i, device=device)
+        ps, dy = params(t), t["dy"]
+        ref = reference_grads(c, t)
+        fwds = forward_fns(c, t, fm, compiled, liger)
+        steps = {name: (train_step(f, dy) if f is not None else None) for name, f in fwds.items()}
+
+        checks = {}
+        for name, step in steps.items():
+            if step is None:
+                continue
+            try:
+                errs = [rel_err(g, r) for g, r in zip(grads_of(step, ps), ref)]
+            except Exception as e:  # report, do not time
+                print(f"[bench] {c.name}: {name} failed: {type(e).__name__}: {e}", flush=True)
+                steps[name] = None
+                checks[name] = f"error: {type(e).__name__}: {e}"
+                continue
+            ok = max(errs) <= TOL[c.dtype]
+            checks[name] = {"grad_rel_err": errs, "ok": ok}
+            if not ok:
+                print(f"[bench] {c.name}: {name} gradients WRONG (rel. errors {errs}); not timed", flush=True)
+                steps[name] = None
+        verification[c.name] = checks
+
+        times, mem = {}, {}
+        for name, step in steps.items():
+            if step is None:
+                times[name] = mem[name] = None
+                continue
+            try:
+                mem[name] = peak_mb(step, ps)
+                times[name] = bench(step, ps)
+            except Exception as e:
+                print(f"[bench] {c.name}: timing {name} failed: {type(e).__name__}: {e}", flush=True)
+                times[name] = mem[name] = None
+        floor = max(c.flops / ceil["bf16_matmul_flop_per_s"], c.min_bytes / ceil["copy_bytes_per_s"]) * 1e3
+        rows.append({
+            "case": c.name,
+            "timing": "events",
+            "ours_ms": times["ours"],
+            "peers_ms": {p: times.get(p) for p in PEERS},
+            "ours_recompute_ms": times["ours_recompute"],
+            "peak_mem_mb": {k: mem.get(k) for k in MEM_KEYS},
+            "floor_ms": floor,
+        })
+        if args.variants:
+            variants[c.name] = run_variants(c, t, fm, bench, fwds, ref)
+        del t, ps, dy, ref, fwds, steps
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        print(f"[bench] {c.name} done in {time.time() - tc:.1f}s", flush=True)
+
+    tg = sys.modules.get(fm.__name__ + ".triton_gemm")
+    tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()} if tg is not None else {}
+    res = {
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "rows": rows,
+        "ceilings": ceil,
+        "verification": verification,
+        "tuned_configs": tuned,
+        "liger": _version("liger_kernel"),
+        "wall_s": round(time.time() - t0, 1),
+    }
+    if args.variants:
+        res["variants"] = variants
+    return res
+
+
+def run_variants(c: Case, t: dict, fm, bench, fwds, ref) -> dict:
+    """Our backward's alternatives, each verified then timed (ms) with its peak memory (MB)."""
+    ps, dy, x, act = params(t), t["dy"], t["x"], c.activation
+    cand = {
+        "default": (fwds["ours"], {}, False),
+        "dx=triton": (fwds["ours"], {"FUSED_MLP_BWD_DX": "triton"}, False),
+        "no_subtile": (fwds["ours"], {"FUSED_MLP_BWD_SUBTILE": "0"}, False),
+        "not_in_place": (fwds["ours"], {}, True),
+        "recompute_chunk_256mb": (fwds["ours_recompute"], {"FUSED_MLP_RECOMPUTE_CHUNK_MB": "256"}, False),
+        "backward=reference": (fwds["ours"], {"FUSED_MLP_BACKWARD": "reference"}, False),
+    }
+    packed_ps = None
+    if c.kind == "gated":
+        w = torch.cat([t["wg"], t["wu"]]).detach().requires_grad_()
+        packed_ps = [x, w, t["wd"]]
+        cand["packed"] = (lambda: fm.gated_mlp_packed(x, w, t["wd"], act), {}, False)
+    out = {}
+    for name, (fwd, kv, retain) in cand.items():
+        vps = packed_ps if name == "packed" else ps
+        step = train_step(fwd, dy, retain)
+        try:
+            with env(**kv):
+                g = grads_of(step, vps)
+                if name == "packed":  # split the packed gradient back into gate | up
+                    g = [g[0], g[1][: c.h], g[1][c.h:], g[2]]
+                errs = [rel_err(a, b) for a, b in zip(g, ref)]
+                ok = max(errs) <= TOL[c.dtype]
+                out[name] = {"ok": ok, "grad_rel_err": max(errs),
+                             "ms": bench(step, vps) if ok else None, "peak_mem_mb": peak_mb(step, vps)}
+        except Exception as e:
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    # forward only (with grad enabled: ours runs its training forward), no backward
+    for name in ("ours", "eager"):
+        fwd = fwds[name]
+
+        def fwd_only(fwd=fwd):
+            fwd()
+
+        out[f"forward_only:{name}"] = {"ms": bench(fwd_only, ps)}
+    out.update(kernel_variants(c, t, fm, bench))
+    for name, r in out.items():
+        extra = "" if r.get("ok", True) else " WRONG"
+        print(f"[bench]   {c.name:45s} {name:24s} {fmt(r.get('ms'))} ms  peak {fmt(r.get('peak_mem_mb'), '9.1f')} MB"
+              f"{extra}{'  ' + r['error'] if 'error' in r else ''}", flush=True)
+    return out
+
+
+def kernel_variants(c: Case, t: dict, fm, bench) -> dict:
+    """Our kernels one by one against cuBLAS GEMMs of the same shape (ms)."""
+    import importlib
+
+    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+    if t["x"].device.type == "cpu":  # dry run
+        tg = tg.interpreted_module()
+    act_id = fm.activations.ACTIVATION_IDS[c.activation]
+    x, dy = t["x"].detach(), t["dy"].detach()
+    out = {}
+    with torch.no_grad():
+        if c.kind == "gated":
+            wg, wu, wd = t["wg"].detach(), t["wu"].detach(), t["wd"].detach()
+            wgu = torch.cat([wg, wu])
+            gu = torch.empty(c.m, 2 * c.h, device=x.device, dtype=x.dtype)
+            out["kernel:fwd_fused_store"] = {
+                "ms": bench(lambda: tg.gated_linear(x, wg, wu, None, None, act_id, pre=gu), [])}
+            out["kernel:fwd_fused_nostore"] = {
+                "ms": bench(lambda: tg.gated_linear(x, wg, wu, None, None, act_id), [])}
+            out["kernel:fwd_cublas_x_wgu"] = {"ms": bench(lambda: torch.mm(x, wgu.t()), [])}
+            out["kernel:dh_fused_inplace"] = {
+                "ms": bench(lambda: tg.linear_dact(dy, wd, True, gu, gu, act_id, gated=True), [])}
+            out["kernel:dh_cublas"] = {"ms": bench(lambda: torch.mm(dy, wd), [])}
+            dx = torch.empty_like(x)
+            out["kernel:dx_dual_triton"] = {
+                "ms": bench(lambda: tg.dual_matmul(gu[:, :c.h], gu[:, c.h:], wg, wu, dx), [])}
+            out["kernel:dx_cublas_mm_addmm"] = {
+                "ms": bench(lambda: torch.mm(gu[:, :c.h], wg, out=dx).addmm_(gu[:, c.h:], wu), [])}
+            out["kernel:dx_cublas_one_mm"] = {"ms": bench(lambda: torch.mm(gu, wgu, out=dx), [])}
+            out["kernel:dw_gate_up_one_gemm"] = {"ms": bench(lambda: torch.mm(gu.t(), x), [])}
+            out["kernel:dw_down"] = {"ms": bench(lambda: torch.mm(dy.t(), gu[:, :c.h]), [])}
+        else:
+            w1, b1, w2 = t["w1"].detach(), t["b1"], t["w2"].detach()
+            b1 = None if b1 is None else b1.detach()
+            pre = torch.empty(c.m, c.h, device=x.device, dtype=x.dtype)
+            out["kernel:fwd_fused_store"] = {"ms": bench(lambda: tg.linear_act(x, w1, b1, act_id, pre=pre), [])}
+            out["kernel:fwd_fused_nostore"] = {"ms": bench(lambda: tg.linear_act(x, w1, b1, act_id), [])}
+            out["kernel:fwd_cublas"] = {"ms": bench(lambda: F.linear(x, w1, b1), [])}
+            out["kernel:dh_fused_inplace"] = {
+                "ms": bench(lambda: tg.linear_dact(dy, w2, True, pre, pre, act_id, gated=False), [])}
+            out["kernel:dh_cublas"] = {"ms": bench(lambda: torch.mm(dy, w2), [])}
+    return out
+
+
+def print_table(res: dict) -> None:
+    head = (f"{'case':45s} {'ours':>8s} {'ours_rc':>8s} " + " ".join(f"{p:>8s}" for p in PEERS)
+            + f" {'floor':>8s} {'ours/best':>9s} | peak MB: " + " ".join(f"{k:>9s}" for k in MEM_KEYS)
+            + f" {'ours/eager':>10s} {'rc/eager':>8s}")
+    print(head)
+    print("-" * len(head))
+    for r in res["rows"]:
+        peers = r["peers_ms"]
+        real = [peers[p] for p in PEERS if peers.get(p) is not None]
+        best = min(real) if real else None
+        ours = r["ours_ms"]
+        ratio = f"{ours / best:9.3f}" if ours and best else f"{'n/a':>9s}"
+        mem = r["peak_mem_mb"]
+        eager_mem = mem.get("eager")
+        m_ratio = f"{mem['ours'] / eager_mem:10.2f}" if mem.get("ours") and eager_mem else f"{'n/a':>10s}"
+        rc_ratio = (f"{mem['ours_recompute'] / eager_mem:8.2f}" if mem.get("ours_recompute") and eager_mem
+                    else f"{'n/a':>8s}")
+        line = (f"{r['case']:45s} {fmt(ours)} {fmt(r['ours_recompute_ms'])} "
+                + " ".join(fmt(peers.get(p)) for p in PEERS) + f" {r['floor_ms']:8.3f} {ratio} | "
+                + "          " + " ".join(fmt(mem.get(k), "9.1f") for k in MEM_KEYS) + f" {m_ratio} {rc_ratio}")
+        print(line)
+    print("times in ms (median of do_bench, forward + backward); ours/best: against the fastest of "
+          "eager, compile, liger; peak MB: allocated during one step above what was allocated before it")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default=None, help="comma-separated substrings of case names (e.g. geglu,swiglu)")
+    p.add_argument("--variants", action="store_true", help="also time our backward's alternatives (see above)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
+    p.add_argument("--repo-id", default="org/fused-mlp")
+    p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=int, default=200, help="do_bench repetition time, ms")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script
+    p.add_argument("--shrink", type=int, default=1, help=argparse.SUPPRESS)  # divide all sizes (dry runs)
+    args = p.parse_args()
+    res = run(args)
+    print_table(res)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"[bench] results: {args.out} ({res['wall_s']}s)")
+
+
+if __name__ == "__main__":
+    main()

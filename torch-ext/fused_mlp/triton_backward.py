@@ -1,0 +1,237 @@
+"""Training forward and fused backward of the MLP blocks on the Triton path.
+
+The kernels are triton_gemm's (passed in as `tg`: the compiled module, or its copy under
+Triton's interpreter); this module orders them with cuBLAS GEMMs. It does not import
+Triton itself. dispatch.py calls it; functional.py's custom ops call dispatch.
+
+Gated MLP, x [M, D], g = x Wg^T + bg, u = x Wu^T + bu, h = act(g) * u, y = h Wd^T + bd:
+
+    training forward   one fused kernel writes h and the pre-activations g | u ([M, 2H],
+                       rounded to x's dtype); cuBLAS y = h Wd^T. Saved: g | u and h.
+    backward           (a) linear_dact: dh = dy Wd (never stored) with the epilogue
+                           dg = dh * u * act'(g), du = dh * act(g), written as dg | du over
+                           g | u (in place where allowed) or into a new [M, 2H] buffer
+                       (b) dx = dg Wg + du Wu: one cuBLAS mm where Wg and Wu are the two
+                           halves of one packed tensor, else mm + addmm_ ("cublas"), or the
+                           dual-operand Triton kernel ("triton"); FUSED_MLP_BWD_DX picks
+                       (c) cuBLAS: dWd = dy^T h; [dWg; dWu] = (dg | du)^T x in ONE GEMM
+                           into a [2H, D] tensor (the two weight grads are its row halves);
+                           bias grads are column sums
+    recompute          nothing but the inputs is saved; the backward recomputes g | u and h
+                       with the forward kernel, in column chunks of the hidden dimension
+                       (at most FUSED_MLP_RECOMPUTE_CHUNK_MB of g | u | h at a time, 64 by
+                       default), each chunk's gradients written in place over its g | u.
+                       Weight gradients of a chunk are complete column / row blocks; dx
+                       accumulates over chunks (addmm_, in x's dtype).
+
+Plain MLP (pre = x W1^T + b1, h = act(pre)): the same with pre instead of g | u,
+dpre = dh * act'(pre), dx = dpre W1; Conv1D weights ([in, out]) are read through strides
+and their gradients are returned in that layout.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+Tensor = torch.Tensor
+
+DX_MODES = ("cublas", "triton")
+
+
+def dx_mode() -> str:
+    """How the gated MLP's dx = dg Wg + du Wu is computed: "cublas" (default) or "triton"."""
+    mode = os.environ.get("FUSED_MLP_BWD_DX", "cublas").lower()
+    if mode not in DX_MODES:
+        raise ValueError(f"FUSED_MLP_BWD_DX={mode!r}: expected one of {DX_MODES}")
+    return mode
+
+
+def recompute_chunk_bytes() -> int:
+    return int(float(os.environ.get("FUSED_MLP_RECOMPUTE_CHUNK_MB", "64")) * 2**20)
+
+
+def chunk_columns(m: int, hidden: int, bytes_per_column_row: int, budget: Optional[int] = None) -> int:
+    """Hidden columns per recompute chunk: all of them if m * hidden * bytes fits the budget,
+    else equal chunks rounded up to a multiple of 128 (whole tiles)."""
+    budget = recompute_chunk_bytes() if budget is None else budget
+    total = m * hidden * bytes_per_column_row
+    if total <= budget or hidden <= 128:
+        return max(hidden, 1)
+    n_chunks = -(-total // budget)
+    cols = -(-hidden // n_chunks)
+    return min(hidden, -(-cols // 128) * 128)
+
+
+def _chunks(hidden: int, cols: int) -> list[tuple[int, int]]:
+    return [(i, min(i + cols, hidden)) for i in range(0, hidden, cols)] or [(0, 0)]
+
+
+def as_one_weight(a: Tensor, b: Tensor) -> Optional[Tensor]:
+    """[a; b] as one [2n, d] view where b's rows follow a's in memory (the two halves of a
+    packed gate_up weight), else None."""
+    if (a.dim() != 2 or a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype
+            or a.device != b.device or a.shape[0] == 0 or a.stride(1) != 1):
+        return None
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return None
+    if b.storage_offset() != a.storage_offset() + a.shape[0] * a.stride(0):
+        return None
+    return a.as_strided((2 * a.shape[0], a.shape[1]), a.stride())
+
+
+def _dx_gated(tg, dx: Tensor, dgu: Tensor, n: int, wg: Tensor, wu: Tensor, accumulate: bool, mode: str) -> None:
+    """dx (+)= dg Wg + du Wu, dg | du = dgu [M, 2n], Wg / Wu [n, D]."""
+    dg, du = dgu[:, :n], dgu[:, n:]
+    if mode == "triton":
+        tg.dual_matmul(dg, du, wg, wu, dx, accumulate=accumulate)
+        return
+    w = as_one_weight(wg, wu)
+    if w is not None:  # packed gate_up: one GEMM with K = 2n
+        if accumulate:
+            dx.addmm_(dgu, w)
+        else:
+            torch.mm(dgu, w, out=dx)
+        return
+    if accumulate:
+        dx.addmm_(dg, wg)
+    else:
+        torch.mm(dg, wg, out=dx)
+    dx.addmm_(du, wu)
+
+
+# Bits of `needs` (which gradients to compute).
+NEED_DX, NEED_DW_IN, NEED_DW_OUT, NEED_DB_IN, NEED_DB_OUT = 1, 2, 4, 8, 16
+
+
+# ----------------------------------------------------------------------------- gated
+
+
+def gated_train_forward(tg, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, activation_id: int,
+                        bg: Optional[Tensor], bu: Optional[Tensor], bd: Optional[Tensor]):
+    """(y, g | u [M, 2H], h [M, H]) for 2-D x."""
+    m, hidden = x.shape[0], wg.shape[0]
+    gu = torch.empty((m, 2 * hidden), device=x.device, dtype=x.dtype)
+    h = tg.gated_linear(x, wg, wu, bg, bu, activation_id, pre=gu)
+    return torch.nn.functional.linear(h, wd, bd), gu, h
+
+
+def gated_backward(tg, dy: Tensor, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, activation_id: int,
+                   bg: Optional[Tensor], bu: Optional[Tensor], gu: Optional[Tensor], h: Optional[Tensor],
+                   needs: int, inplace: bool, mode: Optional[str] = None, chunk_budget: Optional[int] = None):
+    """(dx, [dWg; dWu] [2H, D], dWd, [dbg; dbu] [2H], dbd), None where `needs` leaves it out.
+
+    gu, h: saved by gated_train_forward, or None (recompute). inplace: dg | du may overwrite
+    the saved gu (the caller knows nobody reads it again)."""
+    mode = mode or dx_mode()
+    m, d = x.shape
+    hidden, d_out = wg.shape[0], wd.shape[0]
+    new = dict(device=x.device, dtype=x.dtype)
+    dx = torch.empty((m, d), **new) if needs & NEED_DX else None
+    dwgu = torch.empty((2 * hidden, d), **new) if needs & NEED_DW_IN else None
+    dwd = torch.empty((d_out, hidden), **new) if needs & NEED_DW_OUT else None
+    dbgu = torch.empty((2 * hidden,), **new) if needs & NEED_DB_IN else None
+    dbd = dy.sum(0) if needs & NEED_DB_OUT else None
+    if dx is not None and hidden == 0:
+        dx.zero_()
+
+    saved = gu is not None
+    cols = hidden if saved else chunk_columns(m, hidden, 3 * x.element_size(), chunk_budget)
+    chunks = _chunks(hidden, cols)
+    buf = None if saved else torch.empty((m, 3 * cols), **new)  # g | u | h of one chunk
+    for h0, h1 in chunks:
+        n = h1 - h0
+        if saved:
+            gu_c, h_c = gu, h
+            dgu_c = gu if inplace else torch.empty_like(gu)
+        else:
+            gu_c, h_c = buf[:, : 2 * n], buf[:, 2 * n: 3 * n]
+            tg.gated_linear(x, wg[h0:h1], wu[h0:h1], None if bg is None else bg[h0:h1],
+                            None if bu is None else bu[h0:h1], activation_id, pre=gu_c, out=h_c)
+            dgu_c = gu_c
+        tg.linear_dact(dy, wd[:, h0:h1], True, gu_c, dgu_c, activation_id, gated=True)
+        if dwd is not None:
+            torch.mm(dy.t(), h_c, out=dwd[:, h0:h1])
+        if dwgu is not None:
+            if len(chunks) == 1:
+                torch.mm(dgu_c.t(), x, out=dwgu)
+            else:
+                torch.mm(dgu_c[:, :n].t(), x, out=dwgu[h0:h1])
+                torch.mm(dgu_c[:, n:].t(), x, out=dwgu[hidden + h0: hidden + h1])
+        if dbgu is not None:
+            if len(chunks) == 1:
+                torch.sum(dgu_c, 0, out=dbgu)
+            else:
+                torch.sum(dgu_c[:, :n], 0, out=dbgu[h0:h1])
+                torch.sum(dgu_c[:, n:], 0, out=dbgu[hidden + h0: hidden + h1])
+        if dx is not None and n > 0:
+            _dx_gated(tg, dx, dgu_c, n, wg[h0:h1], wu[h0:h1], accumulate=h0 > 0, mode=mode)
+    return dx, dwgu, dwd, dbgu, dbd
+
+
+# ----------------------------------------------------------------------------- plain
+
+
+def mlp_train_forward(tg, x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                      activation_id: int, weight_layout: str):
+    """(y, pre [M, H], h [M, H]) for 2-D x."""
+    conv = weight_layout == "conv1d"
+    hidden = w1.shape[1] if conv else w1.shape[0]
+    pre = torch.empty((x.shape[0], hidden), device=x.device, dtype=x.dtype)
+    h = tg.linear_act(x, w1, b1, activation_id, weight_layout, pre=pre)
+    return torch.nn.functional.linear(h, w2.t() if conv else w2, b2), pre, h
+
+
+def mlp_backward(tg, dy: Tensor, x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, activation_id: int,
+                 weight_layout: str, pre: Optional[Tensor], h: Optional[Tensor], needs: int, inplace: bool,
+                 chunk_budget: Optional[int] = None):
+    """(dx, dW1, dW2, db1, db2) with dW1 / dW2 in the weights' own layout; None where not needed."""
+    conv = weight_layout == "conv1d"
+    m, d = x.shape
+    hidden = w1.shape[1] if conv else w1.shape[0]
+    new = dict(device=x.device, dtype=x.dtype)
+    dx = torch.empty((m, d), **new) if needs & NEED_DX else None
+    dw1 = torch.empty(w1.shape, **new) if needs & NEED_DW_IN else None
+    dw2 = torch.empty(w2.shape, **new) if needs & NEED_DW_OUT else None
+    db1 = torch.empty((hidden,), **new) if needs & NEED_DB_IN else None
+    db2 = dy.sum(0) if needs & NEED_DB_OUT else None
+    if dx is not None and hidden == 0:
+        dx.zero_()
+
+    saved = pre is not None
+    cols = hidden if saved else chunk_columns(m, hidden, 2 * x.element_size(), chunk_budget)
+    buf = None if saved else torch.empty((m, 2 * cols), **new)  # pre | h of one chunk
+    for h0, h1 in _chunks(hidden, cols):
+        n = h1 - h0
+        w1_c = w1[:, h0:h1] if conv else w1[h0:h1]  # conv [D, n], linear [n, D]
+        w2_c = w2[h0:h1] if conv else w2[:, h0:h1]  # conv [n, Dout] = [N, K], linear [Dout, n] = [K, N]
+        if saved:
+            pre_c, h_c = pre, h
+            dpre = pre if inplace else torch.empty_like(pre)
+        else:
+            pre_c, h_c = buf[:, :n], buf[:, n: 2 * n]
+            tg.linear_act(x, w1_c, None if b1 is None else b1[h0:h1], activation_id, weight_layout,
+                          pre=pre_c, out=h_c)
+            dpre = pre_c
+        tg.linear_dact(dy, w2_c, not conv, pre_c, dpre, activation_id, gated=False)
+        if dw2 is not None:
+            if conv:
+                torch.mm(h_c.t(), dy, out=dw2[h0:h1])
+            else:
+                torch.mm(dy.t(), h_c, out=dw2[:, h0:h1])
+        if dw1 is not None:
+            if conv:
+                torch.mm(x.t(), dpre, out=dw1[:, h0:h1])
+            else:
+                torch.mm(dpre.t(), x, out=dw1[h0:h1])
+        if db1 is not None:
+            torch.sum(dpre, 0, out=db1[h0:h1])
+        if dx is not None and n > 0:
+            w = w1_c.t() if conv else w1_c  # [n, D]
+            if h0 > 0:
+                dx.addmm_(dpre, w)
+            else:
+                torch.mm(dpre, w, out=dx)
+    return dx, dw1, dw2, db1, db2
