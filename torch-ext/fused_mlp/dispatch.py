@@ -54,11 +54,14 @@ _MAX_NUMEL = 2**31 - 1
 
 # ---- decode hook ----------------------------------------------------------------------
 # Largest M (tokens) for which decode.py's kernels beat the Triton path, by compute
-# capability. TO BE MEASURED on each GPU (A100 = (8, 0), H100/H200 = (9, 0)); 16 is a
-# placeholder. Capabilities not listed never take the decode path.
+# capability. (9, 0): measured on the H200 (benchmarks/results/decode_h200.json,
+# "crossover", Llama-3-8B MLP, CUDA-graph replay): decode 90.8/90.7/92.0 us against
+# Triton 92.3/91.8/92.2 us at M = 1/4/8, then 100.3 against 92.7 us at M = 16.
+# (8, 0): no A100 was available to measure; it takes the H200's value until measured.
+# Capabilities not listed never take the decode path.
 DECODE_MAX_M: dict[tuple[int, int], int] = {
-    (8, 0): 16,
-    (9, 0): 16,
+    (8, 0): 8,
+    (9, 0): 8,
 }
 
 
