@@ -85,8 +85,16 @@ def check_op(fused_mlp, op, act, x):
     res = call(fused_mlp, op, act, out, x)
     assert res is out, f"{op} must return the out tensor it was given"
     assert out.dtype == x.dtype and out.shape == x.shape[:-1] + (x.shape[-1] // 2,)
-    err = rel_err(out, reference(fused_mlp, x, act))
-    assert err <= TOL[x.dtype], f"{op}[{act}] {tuple(x.shape)} {x.dtype}: rel err {err:.3g}"
+    ref = reference(fused_mlp, x, act)
+    err = rel_err(out, ref)
+    bound = TOL[x.dtype]
+    if x.dtype == torch.float32:
+        # The erf and tanh forms of GELU lose fp32 accuracy to cancellation in 1 + erf(x)
+        # for x << 0 (about 300x at x = -3): with a handful of elements the norm-wise error
+        # can reach 1e-5 (seen on the H200 for a single element), for PyTorch's own fp32
+        # kernels too. So fp32 may be as far off as 4x PyTorch's error on the same input.
+        bound = max(bound, 4 * rel_err(fused_mlp.reference.act_and_mul(x, act), ref))
+    assert err <= bound, f"{op}[{act}] {tuple(x.shape)} {x.dtype}: rel err {err:.3g} (bound {bound:.3g})"
 
 
 def act_and_mul_module(fused_mlp):
