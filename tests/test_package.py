@@ -1,0 +1,81 @@
+"""The Kernel Hub package itself: build.toml, the built variant, the staged cache."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import build_variant  # noqa: E402
+
+
+def test_build_toml_validates_with_kernel_builders_parser():
+    from kernels._rust import Backend, Build
+
+    build = Build.open(ROOT)  # raises ValueError on anything kernel-builder would reject
+    assert set(build.general.backends) == {Backend.CUDA, Backend.CPU}
+    conf = tomllib.loads((ROOT / "build.toml").read_text())
+    general = conf["general"]
+    assert (general["name"], general["version"], general["edition"], general["license"]) == (
+        "fused-mlp", 1, 5, "Apache-2.0")
+    assert general["hub"]["repo-id"] == "org/fused-mlp"
+    cuda = [k for k in conf["kernel"].values() if k["backend"] == "cuda"]
+    caps = {c for k in cuda for c in k["cuda-capabilities"]}
+    assert {"8.0", "9.0"} <= caps
+    for k in conf["kernel"].values():  # every listed source exists, under kernel_src/
+        for src in k["src"]:
+            assert src.startswith("kernel_src/") and (ROOT / src).is_file(), src
+    for src in conf["torch"]["src"]:
+        assert (ROOT / src).is_file(), src
+
+
+def test_build_toml_rejects_unknown_keys(tmp_path):
+    # The validator is strict: a typo in build.toml would be caught by the test above.
+    from kernels._rust import Build
+
+    bad = (ROOT / "build.toml").read_text().replace("[general.hub]", "[general.hub]\nrepo_id_typo = 1")
+    (tmp_path / "build.toml").write_text(bad)
+    with pytest.raises(ValueError):
+        Build.open(tmp_path)
+
+
+def test_flake_uses_kernel_builder():
+    text = (ROOT / "flake.nix").read_text()
+    assert "github:huggingface/kernels" in text and "genKernelFlakeOutputs" in text
+    assert "path = ./.;" in text
+
+
+def test_variant_name_follows_the_loaders_rules():
+    name = build_variant.variant_name("cpu")
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    assert name.startswith(f"torch{major}{minor}-cxx11-cpu-")
+    from kernels.variants import parse_variant
+
+    assert parse_variant(name).variant_str == name
+
+
+def test_built_variant_is_what_the_loader_expects(fused_mlp):
+    from kernels._rust import Metadata
+
+    variant_dir = Path(fused_mlp.__file__).parent
+    meta = Metadata.read_from_file(variant_dir / "metadata.json")
+    raw = json.loads((variant_dir / "metadata.json").read_text())
+    assert meta.id == fused_mlp.__name__ == raw["id"]
+    assert raw["id"].startswith(f"_fused_mlp_{raw['backend']['type']}_")
+    assert (variant_dir / f"{raw['id']}.abi3.so").is_file()
+    # The op namespace baked into the extension is the one _ops.py binds.
+    ops_py = (variant_dir / "_ops.py").read_text()
+    assert f"torch.ops.{raw['id']}" in ops_py
+    assert hasattr(torch.ops, raw["id"]) and hasattr(getattr(torch.ops, raw["id"]), "act_and_mul")
+    # Staged like a download: refs/v1 names the snapshot that holds this variant.
+    snapshot = variant_dir.parent.parent
+    refs = snapshot.parent.parent / "refs" / "v1"
+    assert refs.read_text().strip() == snapshot.name
+    assert set(fused_mlp.__all__) >= {"gated_mlp", "gated_mlp_packed", "mlp", "silu_and_mul", "layers", "mapping"}
