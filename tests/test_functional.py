@@ -566,3 +566,121 @@ def test_gpu_dispatch_choice(fused_mlp):
     assert d.explain(small, "gated") == want_small
     assert d.explain(small, "mlp", "conv1d") == expected  # decode.py takes the linear layout only
     assert d.explain(small.float(), "gated") == expected  # decode.py takes 16-bit inputs only
+
+
+# ----------------------------------------------------------------------------- linear_act
+
+
+def make_linear(m, d, n, dtype, device, bias, layout, seed=0, lead=()):
+    """x [*lead, m, d], weight [n, d] ("linear") or [d, n] ("conv1d"), bias [n] or None."""
+    g = torch.Generator().manual_seed(seed)
+    w = _rand(n, d, dtype=dtype, device=device, scale=d**-0.5, gen=g)
+    if layout == "conv1d":
+        w = w.t().contiguous()
+    return dict(
+        x=_rand(*lead, m, d, dtype=dtype, device=device, gen=g),
+        weight=w,
+        bias=_rand(n, dtype=dtype, device=device, scale=0.5, gen=g) if bias else None,
+    )
+
+
+def ref_linear_act(fm, t, act, layout):
+    r = _f64(t)
+    return fm.reference.linear_act(r["x"], r["weight"], r["bias"], act, layout)
+
+
+def run_linear_act(fm, t, act, layout):
+    return fm.linear_act(t["x"], t["weight"], t["bias"], act, layout)
+
+
+@pytest.mark.parametrize("layout", ["linear", "conv1d"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("act", ACTS)
+def test_cpu_linear_act(fused_mlp, layout, bias, act, monkeypatch):
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    t = make_linear(5, 16, 24, torch.float32, "cpu", bias, layout, lead=(2,))
+    out = run_linear_act(fused_mlp, t, act, layout)
+    assert out.shape == (2, 5, 24)
+    check(out, ref_linear_act(fused_mlp, t, act, layout), TOL[torch.float32], f"linear_act {act} {layout}")
+    if act == "gelu":  # the default activation
+        check(fused_mlp.linear_act(t["x"], t["weight"], t["bias"], weight_layout=layout),
+              ref_linear_act(fused_mlp, t, "gelu", layout), TOL[torch.float32], "linear_act default")
+
+
+def test_cpu_linear_act_compile_fullgraph(fused_mlp):
+    torch._dynamo.reset()
+    t = make_linear(5, 16, 24, torch.float32, "cpu", True, "conv1d", lead=(2,))
+    f = torch.compile(lambda x: run_linear_act(fused_mlp, {**t, "x": x}, "gelu_tanh", "conv1d"), fullgraph=True)
+    check(f(t["x"]), ref_linear_act(fused_mlp, t, "gelu_tanh", "conv1d"), TOL[torch.float32], "compiled linear_act")
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_linear_act_gradcheck_float64(fused_mlp, act):
+    for layout in ("linear", "conv1d"):
+        for bias in (True, False):
+            t = make_linear(3, 4, 5, torch.float64, "cpu", bias, layout, seed=3, lead=(2,))
+            if bias:
+                args = [t[k].requires_grad_() for k in ("x", "weight", "bias")]
+                assert torch.autograd.gradcheck(lambda *a: fused_mlp.linear_act(*a, act, layout), args)
+            else:
+                args = [t[k].requires_grad_() for k in ("x", "weight")]
+                assert torch.autograd.gradcheck(lambda *a: fused_mlp.linear_act(*a, None, act, layout), args)
+
+
+def test_linear_act_errors_name_the_argument(fused_mlp):
+    fm = fused_mlp
+    t = make_linear(3, 16, 24, torch.float32, "cpu", True, "linear")
+    x, w, b = t["x"], t["weight"], t["bias"]
+    with pytest.raises(ValueError, match="weight_layout"):
+        fm.linear_act(x, w, b, "gelu", "transposed")
+    with pytest.raises(ValueError, match="activation"):
+        fm.linear_act(x, w, b, "tanhh")
+    with pytest.raises(ValueError, match="x has dtype"):
+        fm.linear_act(x.int(), w, b)
+    with pytest.raises(TypeError, match="x must be"):
+        fm.linear_act(x.tolist(), w, b)
+    with pytest.raises(ValueError, match="weight must be a 2-D"):
+        fm.linear_act(x, w[0], b)
+    with pytest.raises(ValueError, match=r"x.shape\[-1\]"):
+        fm.linear_act(x[:, :15], w, b)
+    with pytest.raises(ValueError, match=r"x.shape\[-1\]"):
+        fm.linear_act(x, w, b, "gelu", "conv1d")  # [24, 16] read as [in, out]
+    with pytest.raises(ValueError, match="weight.*dtype"):
+        fm.linear_act(x, w.half(), b)
+    with pytest.raises(ValueError, match="weight.*device"):
+        fm.linear_act(x, w.to("meta"), b)
+    with pytest.raises(ValueError, match="bias.*shape"):
+        fm.linear_act(x, w, b[:5])
+    with pytest.raises(ValueError, match="bias.*dtype"):
+        fm.linear_act(x, w, b.double())
+
+
+@pytest.mark.parametrize("layout", ["linear", "conv1d"])
+@pytest.mark.parametrize("act", ACTS)
+def test_interpret_linear_act(interpret, layout, act):
+    """The Triton GEMM + bias + activation epilogue, interpreted (fp32; fp16 for one activation)."""
+    bias = act != "relu"  # one activation without a bias
+    for dtype in ([torch.float32, torch.float16] if act == "gelu" else [torch.float32]):
+        t = make_linear(3, 40, 72, dtype, "cpu", bias, layout, seed=5)
+        assert interpret.dispatch.choose(t["x"], "mlp", (t["weight"],), 72, layout).path == "triton-interpret"
+        check(run_linear_act(interpret, t, act, layout), ref_linear_act(interpret, t, act, layout), TOL[dtype],
+              f"linear_act {act} {layout} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 777])
+@pytest.mark.parametrize("layout", ["linear", "conv1d"])
+@pytest.mark.parametrize("decode", [False, True])
+def test_gpu_linear_act_bf16(fused_mlp, monkeypatch, m, layout, decode):
+    """bf16 linear_act on the Triton path (and, decode=True, wherever dispatch sends small M)."""
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    if not decode:
+        monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    d, h, _ = ODD
+    for act in ("gelu", "gelu_tanh", "relu"):
+        t = make_linear(m, d, h, torch.bfloat16, "cuda", True, layout, seed=m)
+        check(run_linear_act(fused_mlp, t, act, layout).cpu(), ref_linear_act(fused_mlp, t, act, layout),
+              TOL[torch.bfloat16], f"linear_act bf16 {act} {layout} M={m}")

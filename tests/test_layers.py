@@ -245,6 +245,47 @@ def test_plain_mlp_layers(fused_mlp, case):
     assert rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bert_intermediate_layer(fused_mlp, act, bias):
+    torch.manual_seed(0)
+    m = holder(dense=nn.Linear(D, H, bias=bias), intermediate_act_fn=ACT2FN[act]).eval()
+    assert fused_mlp.layers.supports(m, "BertIntermediate")
+    x = torch.randn(2, 5, D)
+    ref = m.intermediate_act_fn(m.dense(x))
+    out = bind(fused_mlp.layers.BertIntermediate, m)(x)
+    assert fused_mlp.layers.FUSED_CALLS == {"BertIntermediate": 1}, fused_mlp.layers.ORIGINAL_CALLS
+    assert out.shape == ref.shape and rel_err(out, ref) < 1e-5
+
+
+def test_bert_intermediate_runs_original(fused_mlp):
+    torch.manual_seed(0)
+    m = holder(dense=nn.Linear(D, H), intermediate_act_fn=ACT2FN["tanh"]).eval()
+    assert not fused_mlp.layers.supports(m, "BertIntermediate")
+    x = torch.randn(3, D)
+    ref = m.intermediate_act_fn(m.dense(x))
+    _expect_original(fused_mlp, "BertIntermediate", bind(fused_mlp.layers.BertIntermediate, m), x, ref)
+    fused_mlp.layers.reset_counters()
+    m = holder(dense=nn.Linear(D, H), intermediate_act_fn=ACT2FN["gelu"]).double().eval()
+    x = x.double()
+    ref = m.intermediate_act_fn(m.dense(x))
+    _expect_original(fused_mlp, "BertIntermediate", bind(fused_mlp.layers.BertIntermediate, m), x, ref)
+
+
+def test_bert_intermediate_backward_matches_original(fused_mlp):
+    torch.manual_seed(0)
+    m = holder(dense=nn.Linear(D, H), intermediate_act_fn=ACT2FN["gelu"]).train()
+    x = torch.randn(4, D, requires_grad=True)
+    m.intermediate_act_fn(m.dense(x)).square().sum().backward()
+    grads = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    x.grad = None
+    m.zero_grad()
+    bind(fused_mlp.layers.BertIntermediate, m)(x).square().sum().backward()
+    assert fused_mlp.layers.FUSED_CALLS == {"BertIntermediate": 1}
+    for g, r in zip([x.grad] + [p.grad for p in m.parameters()], grads):
+        assert rel_err(g, r) < 1e-5
+
+
 def test_fused_backward_matches_original(fused_mlp):
     """Training through the fused path: the op's backward gives the module's gradients."""
     m = gated_module("gelu_pytorch_tanh", bias=True).train()
@@ -477,7 +518,8 @@ def test_global_module_hook_runs_original(fused_mlp):
         handle.remove()
 
 
-COMPILE_CASES = ["GatedMLP", "PackedGatedMLP"] + [c[0] for c in PLAIN_CASES if c[4] == "linear"] + ["GPT2MLP-conv1d"]
+COMPILE_CASES = (["GatedMLP", "PackedGatedMLP"] + [c[0] for c in PLAIN_CASES if c[4] == "linear"]
+                 + ["GPT2MLP-conv1d", "BertIntermediate"])
 
 
 @pytest.mark.parametrize("name", COMPILE_CASES)
@@ -487,6 +529,12 @@ def test_layers_compile_fullgraph(fused_mlp, name):
     layer = name.split("-")[0]
     if layer == "GatedMLP":
         m, ref_fn = gated_module("gelu_pytorch_tanh", bias=True), gated_ref
+    elif layer == "BertIntermediate":
+        torch.manual_seed(0)
+        m = holder(dense=nn.Linear(D, H), intermediate_act_fn=ACT2FN["gelu"]).eval()
+
+        def ref_fn(mod, t):
+            return mod.intermediate_act_fn(mod.dense(t))
     elif layer == "PackedGatedMLP":
         torch.manual_seed(0)
         m = holder(gate_up_proj=nn.Linear(D, 2 * H), down_proj=nn.Linear(H, D), activation_fn=ACT2FN["silu"])

@@ -118,6 +118,32 @@ def test_look_alikes_do_not_match(fused_mlp, src):
     assert fused_mlp.mapping.layer_for_source(src) is None
 
 
+BERT_INTERMEDIATE_FORMS = [
+    "def forward(self, x):\n    return self.intermediate_act_fn(self.dense(x))",
+    # transformers' BertIntermediate writes it with one name reassigned
+    '''def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.intermediate_act_fn(hidden_states)
+        return hidden_states''',
+]
+
+NOT_BERT_INTERMEDIATE = [
+    "def forward(self, x):\n    return self.dropout(self.intermediate_act_fn(self.dense(x)))",
+    "def forward(self, x):\n    return self.intermediate_act_fn(self.dense(x)) + x",
+    "def forward(self, x):\n    return self.LayerNorm(self.dropout(self.dense(x)) + x)",
+]
+
+
+@pytest.mark.parametrize("src", BERT_INTERMEDIATE_FORMS)
+def test_bert_intermediate_forms_match(fused_mlp, src):
+    assert fused_mlp.mapping.layer_for_source(src) == "BertIntermediate"
+
+
+@pytest.mark.parametrize("src", NOT_BERT_INTERMEDIATE)
+def test_bert_look_alikes_do_not_match(fused_mlp, src):
+    assert fused_mlp.mapping.layer_for_source(src) is None
+
+
 def test_packed_forms(fused_mlp):
     phi3 = '''def forward(self, hidden_states):
         up_states = self.gate_up_proj(hidden_states)
@@ -388,6 +414,30 @@ def test_training_backward_matches(fused_mlp, family):
     assert g.keys() == g_ref.keys()
     for name in g_ref:
         assert rel_err(g[name], g_ref[name]) < 1e-4, name  # fp32 gradients, reference backward
+
+
+def test_bert_training_backward_matches(fused_mlp):
+    """Mode.TRAINING on BERT: the BertIntermediate modules run linear_act, whose backward
+    gives the unpatched model's loss and gradients."""
+    from kernels import Mode
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                     vocab_size=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    base = BertForMaskedLM(cfg).train()
+    patched = copy.deepcopy(base)
+    fused_mlp.mapping.kernelize(patched, mode=Mode.TRAINING, device="cpu")
+    inter = {p for p, m in patched.named_modules() if type(m).__name__ == "BertIntermediate"}
+    assert len(inter) == 2 and fused_mlp.mapping.kernelized_modules(patched) == dict.fromkeys(inter, "BertIntermediate")
+    loss_ref, g_ref = _train_step(base, ids())
+    loss, g = _train_step(patched, ids())
+    assert fused_mlp.layers.FUSED_CALLS == {"BertIntermediate": 2} and fused_mlp.layers.ORIGINAL_CALLS == {}
+    assert abs(loss.item() - loss_ref.item()) < 1e-5 * max(1.0, abs(loss_ref.item()))
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        # atol: the attention key bias's gradient is zero in exact arithmetic (rounding noise).
+        torch.testing.assert_close(g[name], g_ref[name], rtol=1e-4, atol=1e-8, msg=name)
 
 
 def test_training_compile_backward(fused_mlp):

@@ -18,7 +18,7 @@ from .act_and_mul import (
     silu_and_mul,
 )
 from .activations import SUPPORTED_ACTIVATIONS, canonical_activation
-from .functional import gated_mlp, gated_mlp_packed, mlp
+from .functional import gated_mlp, gated_mlp_packed, linear_act, mlp
 
 __all__ = [
     "SUPPORTED_ACTIVATIONS",
@@ -30,6 +30,7 @@ __all__ = [
     "gated_mlp",
     "gated_mlp_packed",
     "layers",
+    "linear_act",
     "mapping",
     "mlp",
     "ops",

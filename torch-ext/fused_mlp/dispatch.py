@@ -220,6 +220,24 @@ def mlp_forward(
     return reference.mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
 
 
+def linear_act_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    activation: str,
+    weight_layout: str,
+) -> torch.Tensor:
+    """act(x W^T + b) for 2-D x: one GEMM with the bias and activation in its epilogue
+    (chosen like the plain MLP, whose first GEMM it is)."""
+    hidden = weight.shape[1] if weight_layout == "conv1d" else weight.shape[0]
+    path = choose(x, "mlp", (weight,), hidden, weight_layout).path
+    if path in ("triton", "triton-interpret"):
+        return _kernels(path).linear_act(x, weight, bias, activation_id(activation), weight_layout)
+    if path == "decode":
+        return _decode_module().linear(x, weight, bias, activation)
+    return reference.linear_act(x, weight, bias, activation, weight_layout)
+
+
 def _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias):
     """Gate and up GEMMs written straight into the halves of one [M, 2H] buffer (no
     concatenation), the compiled CPU act_and_mul into h, then the down GEMM."""

@@ -6,6 +6,7 @@ namespace.
     gated_mlp_packed(x, gate_up_weight, down_weight, activation="silu", *, biases..., recompute=False)
     mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation="gelu_tanh", weight_layout="linear",
         *, recompute=False)
+    linear_act(x, weight, bias=None, activation="gelu", weight_layout="linear")
 
 Weights are nn.Linear's [out, in] (or GPT-2 Conv1D's [in, out] with
 weight_layout="conv1d"); `x` may have any leading dimensions.
@@ -583,3 +584,83 @@ def mlp(
     if _run_direct(x):
         return _mlp_impl(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)
     return _mlp_op(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)
+
+
+# ----------------------------------------------------------------------------- one projection
+
+
+def _linear_act_backward(ctx, grad_out):
+    x, weight, bias = ctx.saved_tensors
+    act, layout = ctx.activation, ctx.weight_layout
+    conv = layout == "conv1d"
+    w = weight.t() if conv else weight  # [out, in]
+    x2 = x.reshape(-1, x.shape[-1])
+    dy = grad_out.reshape(-1, grad_out.shape[-1])
+    pre = torch.nn.functional.linear(x2, w, bias)
+    dpre = dy * torch_activation_derivative(act)(pre)
+    dx = (dpre @ w).reshape(x.shape)
+    dw = dpre.t() @ x2
+    if conv:
+        dw = dw.t()
+    return dx, dw, _sum_rows(dpre) if bias is not None else None, None, None
+
+
+def _linear_act_save(ctx, inputs, output):
+    ctx.activation, ctx.weight_layout = inputs[3], inputs[4]
+    ctx.save_for_backward(*inputs[:3])
+
+
+def _linear_act_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    activation: str,
+    weight_layout: str,
+) -> Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    y = dispatch.linear_act_forward(x2, weight, bias, activation, weight_layout)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+_linear_act_op = torch.library.custom_op(add_op_namespace_prefix("linear_act"), _linear_act_impl, mutates_args=())
+
+
+@_linear_act_op.register_fake
+def _(x, weight, bias, activation, weight_layout):
+    out = weight.shape[1] if weight_layout == "conv1d" else weight.shape[0]
+    return x.new_empty(*x.shape[:-1], out)
+
+
+_linear_act_op.register_autograd(_linear_act_backward, setup_context=_linear_act_save)
+
+
+def linear_act(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    activation: str = "gelu",
+    weight_layout: str = "linear",
+) -> Tensor:
+    """act(x W^T + b): one projection with the bias and the activation in the GEMM's
+    epilogue (BERT's BertIntermediate). weight_layout="linear": nn.Linear weight [out, in];
+    "conv1d": GPT-2 Conv1D weight [in, out], used as it is. The backward is plain PyTorch
+    (pre-activations recomputed from the inputs)."""
+    act = canonical_activation(activation)
+    if weight_layout not in ("linear", "conv1d"):
+        raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
+    _check_x(x)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"weight must be a 2-D tensor, got shape {tuple(getattr(weight, 'shape', ()))}")
+    conv = weight_layout == "conv1d"
+    dim, out = weight.shape if conv else (weight.shape[1], weight.shape[0])
+    if x.shape[-1] != dim:
+        raise ValueError(
+            f"x.shape[-1] is {x.shape[-1]} but weight {tuple(weight.shape)} expects dim {dim} "
+            f"(weight_layout={weight_layout!r})"
+        )
+    _check_tensor("weight", weight, x, tuple(weight.shape))
+    if bias is not None:
+        _check_tensor("bias", bias, x, (out,))
+    if _needs_grad(x, weight, bias) or not _run_direct(x):
+        return _linear_act_op(x, weight, bias, act, weight_layout)
+    return _linear_act_impl(x, weight, bias, act, weight_layout)

@@ -11,7 +11,8 @@ Every forward has two paths:
   plain float16 / bfloat16 / float32 tensors on CPU or CUDA, the activation is one
   fused-mlp computes exactly (read from the module instance, see `activation_name`),
   no dropout is active, autocast is off and no hooks sit on the submodules. Then the
-  block runs as one call of `gated_mlp` / `gated_mlp_packed` / `mlp`.
+  block runs as one call of `gated_mlp` / `gated_mlp_packed` / `mlp` (or, for
+  BERT's BertIntermediate, the first half of an MLP, `linear_act`).
 * original: anything else runs the block's original computation, written out below
   from the module's own submodules exactly as transformers writes it. An unknown
   activation, active dropout, float64, a quantized or wrapped projection, a
@@ -31,7 +32,7 @@ from torch import nn
 
 from .act_and_mul import act_and_mul
 from .activations import torch_activation
-from .functional import gated_mlp, gated_mlp_packed, mlp
+from .functional import gated_mlp, gated_mlp_packed, linear_act, mlp
 
 __all__ = [
     "FUSED_CALLS",
@@ -49,6 +50,7 @@ __all__ = [
     "GPTJMLP",
     "Starcoder2MLP",
     "GPTNeoXMLP",
+    "BertIntermediate",
     "SiluAndMul",
     "GeluAndMul",
     "GeluTanhAndMul",
@@ -578,6 +580,33 @@ class Starcoder2MLP(nn.Module):
         return hidden_states
 
 
+# ----------------------------------------------------------------------------- half MLPs
+
+
+class BertIntermediate(nn.Module):
+    """intermediate_act_fn(dense(x)): the first half of BERT's MLP (BertIntermediate, and
+    RoBERTa, ELECTRA and the other encoders that copy it), as one GEMM with the bias and
+    the activation in its epilogue (`linear_act`). The second half (BertOutput: dense,
+    dropout, residual, LayerNorm) is left to PyTorch."""
+
+    dense: nn.Linear
+    intermediate_act_fn: nn.Module
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states):
+        act = activation_name(self.intermediate_act_fn)
+        dense = self.dense
+        if act is not None and _is_linear(dense) and _tensors_ok(hidden_states, [dense.weight, dense.bias]):
+            _fused("BertIntermediate")
+            return linear_act(hidden_states, dense.weight, dense.bias, act)
+        _original("BertIntermediate")
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.intermediate_act_fn(hidden_states)
+        return hidden_states
+
+
 # ----------------------------------------------------------------------------- act-and-mul
 # Same names and forward as kernels-community/activation's layers:
 # forward(x) = act(x[..., :d]) * x[..., d:], output allocated inside.
@@ -670,6 +699,7 @@ _STRUCTURE = {
                 lambda m: type(getattr(m, "dropout", None)) is nn.Dropout),
     "Starcoder2MLP": (_linear_attrs("c_fc", "c_proj"), _act_attr("act"),
                       lambda m: isinstance(getattr(m, "residual_dropout", None), (int, float))),
+    "BertIntermediate": (_linear_attrs("dense"), _act_attr("intermediate_act_fn")),
     "SiluAndMul": (),
     "GeluAndMul": (),
     "GeluTanhAndMul": (),
@@ -678,6 +708,7 @@ _STRUCTURE = {
 MLP_LAYERS: tuple[str, ...] = (
     "GatedMLP", "PackedGatedMLP", "Lfm2MLP", "Llama4TextMLP", "SeedOssMLP", "GraniteMoeSharedMLP",
     "UpDownMLP", "Fc1Fc2MLP", "Qwen3VLVisionMLP", "GPTNeoXMLP", "GPT2MLP", "GPTJMLP", "Starcoder2MLP",
+    "BertIntermediate",
 )
 ACTIVATION_LAYERS: tuple[str, ...] = ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul")
 

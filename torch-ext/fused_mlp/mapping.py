@@ -61,10 +61,12 @@ fused path needs (plain nn.Linear / Conv1D projections, an activation fused-mlp 
 exactly); an instance that fails keeps its original forward. The layers themselves fall
 back to the original computation per call (dtype, device, dropout, autocast, hooks).
 
-Not handled, by design (see `NOT_HANDLED`): BERT's MLP is split across BertIntermediate
-(dense + activation) and BertOutput (dense + dropout + residual LayerNorm); neither is a
-whole MLP and fused-mlp exposes no single-projection op with an activation epilogue, so
-a "fused" BertIntermediate would be the same two PyTorch ops under another name.
+BERT's MLP is split across BertIntermediate (dense + activation) and BertOutput (dense +
+dropout + residual LayerNorm). BertIntermediate (and the classes with its forward:
+RoBERTa's, ELECTRA's, ... found by the structural match) gets the `BertIntermediate`
+layer: one GEMM with the bias and the activation in its epilogue (`linear_act`).
+BertOutput is left as it is (its dropout, residual and LayerNorm are not fused-mlp's).
+`NOT_HANDLED` lists classes refused by name.
 
 This module imports neither transformers nor kernels at import time.
 """
@@ -128,6 +130,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
         "    return nn.functional.dropout(self.c_proj(self.act(self.c_fc(x))), p=self.residual_dropout,"
         " training=self.training)",
     ),
+    "BertIntermediate": ("def forward(self, x):\n    return self.intermediate_act_fn(self.dense(x))",),
 }
 
 # Reviewed transformers classes (5.24) and their layer. Anything else is matched by structure.
@@ -160,12 +163,8 @@ LAYER_FOR_CLASS: dict[str, str] = {
     "Starcoder2MLP": "Starcoder2MLP",
 }
 
-NOT_HANDLED: dict[str, str] = {
-    "BertIntermediate": (
-        "only the first half of BERT's MLP (dense + activation; the second half is in BertOutput with "
-        "dropout, residual and LayerNorm); fused-mlp has no single-projection op to fuse it into"
-    ),
-}
+# Classes refused by name (with the reason), whatever their forward matches. None at present.
+NOT_HANDLED: dict[str, str] = {}
 
 MLP_LAYERS: tuple[str, ...] = _layers.MLP_LAYERS
 ACTIVATION_LAYERS: tuple[str, ...] = _layers.ACTIVATION_LAYERS

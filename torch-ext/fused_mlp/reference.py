@@ -67,3 +67,19 @@ def mlp(
         raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
     h = torch_activation(activation)(F.linear(x, fc_weight, fc_bias))
     return F.linear(h, proj_weight, proj_bias)
+
+
+def linear_act(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    activation: str = "gelu",
+    weight_layout: str = "linear",
+) -> torch.Tensor:
+    """act(x W^T + b). weight_layout="linear": weight [out, in] (nn.Linear);
+    "conv1d": weight [in, out] (GPT-2's Conv1D)."""
+    if weight_layout == "conv1d":
+        weight = weight.t()
+    elif weight_layout != "linear":
+        raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
+    return torch_activation(activation)(F.linear(x, weight, bias))
