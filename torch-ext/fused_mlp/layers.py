@@ -420,6 +420,20 @@ def _plain_mlp(x, fc, proj, act: Optional[str]):
     return mlp(x, fc.weight, fc.bias, proj.weight, proj.bias, act, layout)
 
 
+def _plain_layer(name: str, x, fc, proj, act_module, dropout=None):
+    """The body of every layer whose original forward is dropout?(proj(act(fc(x)))):
+    the fused MLP when it applies (and the dropout, if any, is the identity), else that
+    original computation, step by step, with the module's own submodules."""
+    if dropout is None or _dropout_inactive(dropout):
+        y = _plain_mlp(x, fc, proj, activation_name(act_module))
+        if y is not None:
+            _fused(name)
+            return y
+    _original(name)
+    y = proj(act_module(fc(x)))
+    return y if dropout is None else dropout(y)
+
+
 class UpDownMLP(nn.Module):
     """down_proj(act_fn(up_proj(x))): Nemotron, Arcee, Apertus, Jais2, ..."""
 
@@ -431,12 +445,7 @@ class UpDownMLP(nn.Module):
     has_backward = True
 
     def forward(self, x):
-        y = _plain_mlp(x, self.up_proj, self.down_proj, activation_name(self.act_fn))
-        if y is not None:
-            _fused("UpDownMLP")
-            return y
-        _original("UpDownMLP")
-        return self.down_proj(self.act_fn(self.up_proj(x)))
+        return _plain_layer("UpDownMLP", x, self.up_proj, self.down_proj, self.act_fn)
 
 
 class Fc1Fc2MLP(nn.Module):
@@ -450,15 +459,7 @@ class Fc1Fc2MLP(nn.Module):
     has_backward = True
 
     def forward(self, hidden_states):
-        y = _plain_mlp(hidden_states, self.fc1, self.fc2, activation_name(self.activation_fn))
-        if y is not None:
-            _fused("Fc1Fc2MLP")
-            return y
-        _original("Fc1Fc2MLP")
-        hidden_states = self.fc1(hidden_states)
-        hidden_states = self.activation_fn(hidden_states)
-        hidden_states = self.fc2(hidden_states)
-        return hidden_states
+        return _plain_layer("Fc1Fc2MLP", hidden_states, self.fc1, self.fc2, self.activation_fn)
 
 
 class Qwen3VLVisionMLP(nn.Module):
@@ -472,12 +473,7 @@ class Qwen3VLVisionMLP(nn.Module):
     has_backward = True
 
     def forward(self, hidden_state):
-        y = _plain_mlp(hidden_state, self.linear_fc1, self.linear_fc2, activation_name(self.act_fn))
-        if y is not None:
-            _fused("Qwen3VLVisionMLP")
-            return y
-        _original("Qwen3VLVisionMLP")
-        return self.linear_fc2(self.act_fn(self.linear_fc1(hidden_state)))
+        return _plain_layer("Qwen3VLVisionMLP", hidden_state, self.linear_fc1, self.linear_fc2, self.act_fn)
 
 
 class GPTNeoXMLP(nn.Module):
@@ -491,15 +487,7 @@ class GPTNeoXMLP(nn.Module):
     has_backward = True
 
     def forward(self, hidden_states):
-        y = _plain_mlp(hidden_states, self.dense_h_to_4h, self.dense_4h_to_h, activation_name(self.act))
-        if y is not None:
-            _fused("GPTNeoXMLP")
-            return y
-        _original("GPTNeoXMLP")
-        hidden_states = self.dense_h_to_4h(hidden_states)
-        hidden_states = self.act(hidden_states)
-        hidden_states = self.dense_4h_to_h(hidden_states)
-        return hidden_states
+        return _plain_layer("GPTNeoXMLP", hidden_states, self.dense_h_to_4h, self.dense_4h_to_h, self.act)
 
 
 class GPT2MLP(nn.Module):
@@ -516,17 +504,7 @@ class GPT2MLP(nn.Module):
     has_backward = True
 
     def forward(self, hidden_states):
-        if _dropout_inactive(self.dropout):
-            y = _plain_mlp(hidden_states, self.c_fc, self.c_proj, activation_name(self.act))
-            if y is not None:
-                _fused("GPT2MLP")
-                return y
-        _original("GPT2MLP")
-        hidden_states = self.c_fc(hidden_states)
-        hidden_states = self.act(hidden_states)
-        hidden_states = self.c_proj(hidden_states)
-        hidden_states = self.dropout(hidden_states)
-        return hidden_states
+        return _plain_layer("GPT2MLP", hidden_states, self.c_fc, self.c_proj, self.act, self.dropout)
 
 
 class GPTJMLP(nn.Module):
@@ -541,17 +519,7 @@ class GPTJMLP(nn.Module):
     has_backward = True
 
     def forward(self, hidden_states):
-        if _dropout_inactive(self.dropout):
-            y = _plain_mlp(hidden_states, self.fc_in, self.fc_out, activation_name(self.act))
-            if y is not None:
-                _fused("GPTJMLP")
-                return y
-        _original("GPTJMLP")
-        hidden_states = self.fc_in(hidden_states)
-        hidden_states = self.act(hidden_states)
-        hidden_states = self.fc_out(hidden_states)
-        hidden_states = self.dropout(hidden_states)
-        return hidden_states
+        return _plain_layer("GPTJMLP", hidden_states, self.fc_in, self.fc_out, self.act, self.dropout)
 
 
 class Starcoder2MLP(nn.Module):
