@@ -540,6 +540,24 @@ def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
 _mlp_train_op.register_autograd(_mlp_train_backward, setup_context=_mlp_train_setup)
 
 
+def _check_first_projection(name: str, w: Tensor, x: Tensor, weight_layout: str) -> int:
+    """Checks a projection applied to x ([in, out] for "conv1d", [out, in] for "linear");
+    returns its number of outputs."""
+    if weight_layout not in ("linear", "conv1d"):
+        raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
+    _check_x(x)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D tensor, got shape {tuple(getattr(w, 'shape', ()))}")
+    dim, out = w.shape if weight_layout == "conv1d" else (w.shape[1], w.shape[0])
+    if x.shape[-1] != dim:
+        raise ValueError(
+            f"x.shape[-1] is {x.shape[-1]} but {name} {tuple(w.shape)} expects dim {dim} "
+            f"(weight_layout={weight_layout!r})"
+        )
+    _check_tensor(name, w, x, tuple(w.shape))
+    return out
+
+
 def mlp(
     x: Tensor,
     fc_weight: Tensor,
@@ -555,20 +573,10 @@ def mlp(
     "conv1d": GPT-2 Conv1D weights [in, out], used as they are (no transposed copy).
     recompute=True: for training, save only the inputs (see gated_mlp)."""
     act = canonical_activation(activation)
-    if weight_layout not in ("linear", "conv1d"):
-        raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
-    _check_x(x)
-    for name, w in (("fc_weight", fc_weight), ("proj_weight", proj_weight)):
-        if not isinstance(w, torch.Tensor) or w.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D tensor")
+    hidden = _check_first_projection("fc_weight", fc_weight, x, weight_layout)
+    if not isinstance(proj_weight, torch.Tensor) or proj_weight.dim() != 2:
+        raise ValueError("proj_weight must be a 2-D tensor")
     conv = weight_layout == "conv1d"
-    dim, hidden = fc_weight.shape if conv else (fc_weight.shape[1], fc_weight.shape[0])
-    if x.shape[-1] != dim:
-        raise ValueError(
-            f"x.shape[-1] is {x.shape[-1]} but fc_weight {tuple(fc_weight.shape)} expects dim {dim} "
-            f"(weight_layout={weight_layout!r})"
-        )
-    _check_tensor("fc_weight", fc_weight, x, tuple(fc_weight.shape))
     p_in = proj_weight.shape[0] if conv else proj_weight.shape[1]
     if p_in != hidden:
         raise ValueError(f"proj_weight {tuple(proj_weight.shape)} does not take the hidden size {hidden}")
@@ -646,19 +654,7 @@ def linear_act(
     "conv1d": GPT-2 Conv1D weight [in, out], used as it is. The backward is plain PyTorch
     (pre-activations recomputed from the inputs)."""
     act = canonical_activation(activation)
-    if weight_layout not in ("linear", "conv1d"):
-        raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
-    _check_x(x)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f"weight must be a 2-D tensor, got shape {tuple(getattr(weight, 'shape', ()))}")
-    conv = weight_layout == "conv1d"
-    dim, out = weight.shape if conv else (weight.shape[1], weight.shape[0])
-    if x.shape[-1] != dim:
-        raise ValueError(
-            f"x.shape[-1] is {x.shape[-1]} but weight {tuple(weight.shape)} expects dim {dim} "
-            f"(weight_layout={weight_layout!r})"
-        )
-    _check_tensor("weight", weight, x, tuple(weight.shape))
+    out = _check_first_projection("weight", weight, x, weight_layout)
     if bias is not None:
         _check_tensor("bias", bias, x, (out,))
     if _needs_grad(x, weight, bias) or not _run_direct(x):
