@@ -40,6 +40,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from _common import rel_err  # noqa: E402
+from _common import copy_bandwidth as _copy_bandwidth  # noqa: E402
+
 DEVICE = "cuda"
 ROWS, D = 8192, 14336
 DTYPE = torch.bfloat16
@@ -63,13 +66,6 @@ def bench(fn: Callable[[], object]) -> float:
     return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
-
-
 def check(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float = BF16_TOL) -> None:
     err = rel_err(out, ref)
     if not err <= tol:
@@ -77,15 +73,7 @@ def check(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float = BF16_TOL
 
 
 def copy_bandwidth() -> float:
-    """GB/s of a device-to-device copy, counting bytes read plus bytes written."""
-    n = COPY_BYTES // 2
-    src = torch.randn(n, device=DEVICE, dtype=torch.float32).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    if not torch.equal(dst, src):
-        raise SystemExit("[bench] copy produced wrong data")
-    ms = bench(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    return _copy_bandwidth(bench, DEVICE, COPY_BYTES)
 
 
 def load_liger():

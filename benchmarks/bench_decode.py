@@ -60,6 +60,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from _common import rel_err  # noqa: E402
+from _common import copy_bandwidth as _copy_bandwidth  # noqa: E402
+
 DEVICE = "cuda"
 DTYPE = torch.bfloat16
 # (case, M, D, H)
@@ -127,23 +130,8 @@ def bench_graph(fn: Callable[[int], object], inner: int = GRAPH_INNER) -> float:
 # ----------------------------------------------------------------------------- helpers
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
-
-
 def copy_bandwidth() -> float:
-    """GB/s of a device-to-device copy, counting bytes read plus bytes written."""
-    n = COPY_BYTES // 2
-    src = torch.randn(n, device=DEVICE, dtype=torch.float32).to(torch.bfloat16)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    if not torch.equal(dst, src):
-        raise SystemExit("[bench] copy produced wrong data")
-    ms = bench_events(lambda: dst.copy_(src))
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+    return _copy_bandwidth(bench_events, DEVICE, COPY_BYTES)
 
 
 def load_liger():
