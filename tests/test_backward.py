@@ -861,3 +861,23 @@ def test_gpu_memory_against_eager(gpu):
     print(f"peak MB: eager {eager:.1f}, ours {ours:.1f}, ours recompute {ours_rc:.1f}")
     assert ours <= eager, (ours, eager)
     assert ours_rc <= 0.5 * eager, (ours_rc, eager)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", "relu2"])
+def test_inference_ops_backward_gradcheck(fused_mlp, activation):
+    """The inference custom ops (used for training only when called directly) carry a
+    plain-PyTorch backward of their own: check it in float64."""
+    F_ = fused_mlp.functional
+    d = torch.float64
+    g = torch.Generator().manual_seed(5)
+
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=d, generator=g).requires_grad_()
+
+    x, wg, wu, wd, bg, bd = leaf(2, 3, 8), leaf(12, 8), leaf(12, 8), leaf(8, 12), leaf(12), leaf(8)
+    assert torch.autograd.gradcheck(
+        lambda *t: F_._gated_mlp_op(t[0], t[1], t[2], t[3], activation, t[4], None, t[5]),
+        (x, wg, wu, wd, bg, bd))
+    fw, fb, pw = leaf(8, 12), leaf(12), leaf(12, 8)
+    assert torch.autograd.gradcheck(
+        lambda *t: F_._mlp_op(t[0], t[1], t[2], t[3], None, activation, "conv1d"), (x, fw, fb, pw))

@@ -93,24 +93,14 @@ def _sum_rows(t: Tensor) -> Tensor:
 
 
 def _gated_backward(ctx, grad_out):
+    """Backward of the inference op (used when it is differentiated, e.g. under
+    torch.compile): plain PyTorch, pre-activations recomputed from the saved inputs."""
     x, gate_w, up_w, down_w, gate_b, up_b, down_b = ctx.saved_tensors
-    act = ctx.activation
     x2 = x.reshape(-1, x.shape[-1])
     dy = grad_out.reshape(-1, grad_out.shape[-1])
-    g = torch.nn.functional.linear(x2, gate_w, gate_b)
-    u = torch.nn.functional.linear(x2, up_w, up_b)
-    a = torch_activation(act)(g)
-    h = a * u
-    dh = dy @ down_w
-    dg = dh * u * torch_activation_derivative(act)(g)
-    du = dh * a
-    dx = (dg @ gate_w + du @ up_w).reshape(x.shape)
-    return (
-        dx, dg.t() @ x2, du.t() @ x2, dy.t() @ h, None,
-        _sum_rows(dg) if gate_b is not None else None,
-        _sum_rows(du) if up_b is not None else None,
-        _sum_rows(dy) if down_b is not None else None,
-    )
+    dx, dwg, dwu, dwd, dbg, dbu, dbd = _gated_grads_torch(
+        dy, x2, gate_w, up_w, down_w, ctx.activation, gate_b, up_b, down_b is not None, None, None)
+    return dx.reshape(x.shape), dwg, dwu, dwd, None, dbg, dbu, dbd
 
 
 def _save_all(ctx, inputs, output):
@@ -377,25 +367,13 @@ def gated_mlp_packed(
 
 
 def _mlp_backward(ctx, grad_out):
+    """Backward of the inference op: plain PyTorch, pre-activations recomputed."""
     x, fc_w, fc_b, proj_w, proj_b = ctx.saved_tensors
-    act, layout = ctx.activation, ctx.weight_layout
     x2 = x.reshape(-1, x.shape[-1])
     dy = grad_out.reshape(-1, grad_out.shape[-1])
-    w1 = fc_w.t() if layout == "conv1d" else fc_w  # [hidden, dim]
-    w2 = proj_w.t() if layout == "conv1d" else proj_w  # [out, hidden]
-    pre = torch.nn.functional.linear(x2, w1, fc_b)
-    h = torch_activation(act)(pre)
-    dh = dy @ w2
-    dpre = dh * torch_activation_derivative(act)(pre)
-    dx = (dpre @ w1).reshape(x.shape)
-    d_w1 = dpre.t() @ x2
-    d_w2 = dy.t() @ h
-    if layout == "conv1d":
-        d_w1, d_w2 = d_w1.t(), d_w2.t()
-    return (
-        dx, d_w1, _sum_rows(dpre) if fc_b is not None else None,
-        d_w2, _sum_rows(dy) if proj_b is not None else None, None, None,
-    )
+    dx, d_w1, d_b1, d_w2, d_b2 = _mlp_grads_torch(
+        dy, x2, fc_w, fc_b, proj_w, proj_b is not None, ctx.activation, ctx.weight_layout, None, None)
+    return dx.reshape(x.shape), d_w1, d_b1, d_w2, d_b2, None, None
 
 
 def _mlp_save(ctx, inputs, output):
