@@ -41,6 +41,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import rel_err  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_forward_h200.json"
 REAL_PEERS = ("eager", "compile", "liger")
@@ -232,13 +235,6 @@ def implementations(c: Case, t: dict, fm, compiled, liger) -> dict:
 
         impl["gemms_only"] = gemms
     return impl
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out = out.float()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 # ----------------------------------------------------------------------------- main

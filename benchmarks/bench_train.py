@@ -64,7 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench_mlp import Timer, _version, ceilings  # noqa: E402  (same directory)
+from _common import rel_err  # noqa: E402  (same directory)
+from bench_mlp import Timer, _version, ceilings, eager_gated, eager_mlp, load_liger  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_train_h200.json"
 PEERS = ("eager", "compile", "liger")
@@ -106,28 +107,6 @@ def all_cases() -> list[Case]:
 
 
 # ----------------------------------------------------------------------------- implementations
-
-_ACT = {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "gelu": F.gelu}
-
-
-def eager_gated(x, wg, wu, wd, activation: str):
-    return F.linear(_ACT[activation](F.linear(x, wg)) * F.linear(x, wu), wd)
-
-
-def eager_mlp(x, w1, b1, w2, b2, activation: str):
-    return F.linear(_ACT[activation](F.linear(x, w1, b1)), w2, b2)
-
-
-def load_liger():
-    """Liger's act*mul autograd functions (its kernels run in forward and backward)."""
-    try:
-        from liger_kernel.ops.geglu import LigerGELUMulFunction
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    except Exception as e:  # not installed, or not importable with this torch / triton
-        print(f"[bench] Liger-Kernel not available: {type(e).__name__}: {e}", flush=True)
-        return None
-    return {"silu": LigerSiLUMulFunction.apply, "gelu_tanh": LigerGELUMulFunction.apply}
-
 
 def make_inputs(c: Case, seed: int, device: str = "cuda") -> dict:
     g = torch.Generator(device=device).manual_seed(seed)
@@ -199,13 +178,6 @@ def reference_grads(c: Case, t: dict) -> list:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     return [p.grad for p in params(f)]
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out = out.float()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def grads_of(step, ps) -> list:
