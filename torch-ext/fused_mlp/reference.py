@@ -61,12 +61,8 @@ def mlp(
 ) -> torch.Tensor:
     """fc2(act(fc1(x))). weight_layout="linear": weights [out, in] (nn.Linear);
     "conv1d": weights [in, out] (GPT-2's Conv1D)."""
-    if weight_layout == "conv1d":
-        fc_weight, proj_weight = fc_weight.t(), proj_weight.t()
-    elif weight_layout != "linear":
-        raise ValueError(f"weight_layout={weight_layout!r} must be 'linear' or 'conv1d'")
-    h = torch_activation(activation)(F.linear(x, fc_weight, fc_bias))
-    return F.linear(h, proj_weight, proj_bias)
+    h = linear_act(x, fc_weight, fc_bias, activation, weight_layout)
+    return F.linear(h, proj_weight.t() if weight_layout == "conv1d" else proj_weight, proj_bias)
 
 
 def linear_act(
