@@ -53,7 +53,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -65,6 +64,7 @@ os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _common import rel_err  # noqa: E402  (same directory)
+from bench_mlp import Case as ForwardCase  # noqa: E402
 from bench_mlp import Timer, _version, ceilings, eager_gated, eager_mlp, load_liger  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_train_h200.json"
@@ -73,21 +73,12 @@ MEM_KEYS = ("ours", "ours_recompute") + PEERS
 TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-4}
 
 
-@dataclass
-class Case:
-    name: str
-    kind: str  # "gated" or "mlp"
-    activation: str
-    m: int
-    d: int
-    h: int
-    dtype: torch.dtype
-    bias: bool
+class Case(ForwardCase):
+    """A forward case of bench_mlp, timed as forward + backward."""
 
     @property
     def flops(self) -> float:
-        gemms = 3 if self.kind == "gated" else 2
-        return 3 * 2.0 * self.m * self.d * self.h * gemms  # forward + 2x for the backward
+        return 3 * super().flops  # the backward is two GEMMs per forward GEMM
 
     @property
     def min_bytes(self) -> float:
