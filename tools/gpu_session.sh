@@ -4,7 +4,7 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build test test-gpu bench-act bench-mlp bench-decode bench-train profile demo
+#   steps: build test test-gpu bench-act host-overhead bench-mlp bench-decode bench-train profile matrix demo
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -53,6 +53,10 @@ if has bench-act; then
   step bench-act
   $PY benchmarks/bench_act_and_mul.py --out "$OUT/act_and_mul_h200.json" 2>&1 | tail -25 | tee -a "$LOG"
 fi
+if has host-overhead; then
+  step host-overhead
+  $PY benchmarks/host_overhead.py --out "$OUT/host_overhead_h200.txt" 2>&1 | head -150 | tee -a "$LOG"
+fi
 if has bench-decode; then
   step bench-decode
   $PY benchmarks/bench_decode.py --out "$OUT/decode_h200.json" 2>&1 | tail -45 | tee -a "$LOG"
@@ -68,6 +72,12 @@ fi
 if has profile; then
   step profile
   $PY benchmarks/profile_post.py --out-dir "$OUT/traces" 2>&1 | tail -40 | tee -a "$LOG"
+fi
+if has matrix; then
+  step matrix
+  $PY tools/build_matrix.py --system ${MATRIX_ARGS:-} > "$OUT/matrix.txt" 2>&1
+  echo "exit $?" >> "$OUT/matrix.txt"
+  tail -30 "$OUT/matrix.txt" | tee -a "$LOG"
 fi
 if has demo; then
   step demo
