@@ -496,6 +496,34 @@ def test_gpu_autotune_caches_a_config(fused_mlp, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_launch_plans(fused_mlp, monkeypatch):
+    """A repeated shape reuses its launch plan, and every property the plan depends on
+    (alignment of x, the TMA switch, the activation) gets a plan of its own: all right."""
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    tg = triton_gemm_module(fused_mlp)
+    t = make_gated(200, 256, 512, 128, torch.bfloat16, "cuda", True)
+    check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "first")
+    n = len(tg._PLANS)
+    assert n >= 1
+    for seed in (1, 2):  # same shape, new data: the plan is reused
+        t2 = make_gated(200, 256, 512, 128, torch.bfloat16, "cuda", True, seed=seed)
+        check(run_gated(fused_mlp, t2, "silu").cpu(), ref_gated(fused_mlp, t2, "silu"), TOL[torch.bfloat16], "reuse")
+    assert len(tg._PLANS) == n
+    # x at an offset of 2 bytes (not TMA-compatible): another plan, still right
+    buf = torch.empty(200 * 256 + 1, dtype=torch.bfloat16, device="cuda")
+    xs = buf[1:].view(200, 256)
+    xs.copy_(t["x"])
+    check(run_gated(fused_mlp, {**t, "x": xs}, "silu").cpu(), ref_gated(fused_mlp, t, "silu"),
+          TOL[torch.bfloat16], "unaligned x")
+    assert len(tg._PLANS) == n + 1
+    monkeypatch.setenv("FUSED_MLP_TMA", "0")
+    check(run_gated(fused_mlp, t, "gelu_tanh").cpu(), ref_gated(fused_mlp, t, "gelu_tanh"), TOL[torch.bfloat16],
+          "TMA off, other activation")
+    assert len(tg._PLANS) == n + 2
+
+
+@pytest.mark.gpu
 def test_gpu_tf32_follows_torch(gpu, monkeypatch):
     d, h, o = ODD
     t = make_gated(64, d, h, o, torch.float32, "cuda", False)

@@ -125,7 +125,18 @@ class Choice(NamedTuple):
 
 
 def _too_large(*tensors: Optional[Tensor]) -> bool:
-    return any(t is not None and t.numel() > _MAX_NUMEL for t in tensors)
+    for t in tensors:
+        if t is not None and t.numel() > _MAX_NUMEL:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_choice(path: str, cap: tuple[int, int], dtype: torch.dtype) -> Choice:
+    """The Choice of the two CUDA kernel paths, built once (this runs on every call)."""
+    if path == "decode":
+        return Choice("decode", f"M <= DECODE_MAX_M for capability {cap}, {dtype}")
+    return Choice("triton", f"CUDA capability {cap}, {dtype}")
 
 
 def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
@@ -133,24 +144,27 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
     """The path for x [M, D] of an MLP of `kind` ("gated" or "mlp"), with a reason."""
     if kind not in ("gated", "mlp"):
         raise ValueError(f"kind={kind!r} must be 'gated' or 'mlp'")
-    dev, dtype, m = x.device, x.dtype, x.shape[0]
+    dtype = x.dtype
     if dtype not in _TRITON_DTYPES:
         return Choice("reference", f"dtype {dtype} runs on the reference path")
-    if _too_large(x, *weights) or m * hidden > _MAX_NUMEL:
+    m = x.shape[0]
+    if m * hidden > _MAX_NUMEL or _too_large(x, *weights):
         return Choice("reference", "a tensor exceeds 2**31 - 1 elements (32-bit indexing)")
+    dev = x.device
     if dev.type == "cuda":
-        if _interpret_requested() and _triton_gemm() is not None and _triton_gemm().INTERPRETED:
+        tg = _triton_gemm()
+        if tg is not None and tg.INTERPRETED and _interpret_requested():
             return Choice("triton-interpret", "TRITON_INTERPRET=1 was set when Triton kernels were loaded")
         cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
         if cap < (8, 0):
             return Choice("reference", f"compute capability {cap} < (8, 0)")
-        if (dtype in _DECODE_DTYPES and (kind == "gated" or weight_layout == "linear")
-                and all(w.stride(-1) == 1 for w in weights)  # decode.py reads unit-stride rows
-                and 0 < m <= _decode_max_m(dev, cap)):
-            return Choice("decode", f"M={m} <= DECODE_MAX_M for capability {cap}")
-        if _triton_gemm() is None:
+        if (0 < m <= _decode_max_m(dev, cap) and dtype in _DECODE_DTYPES
+                and (kind == "gated" or weight_layout == "linear")
+                and all(w.stride(-1) == 1 for w in weights)):  # decode.py reads unit-stride rows
+            return _cuda_choice("decode", cap, dtype)
+        if tg is None:
             return Choice("reference", "Triton is not importable")
-        return Choice("triton", f"CUDA capability {cap}, {dtype}")
+        return _cuda_choice("triton", cap, dtype)
     if dev.type == "cpu":
         if _interpret_requested():
             if _triton_gemm() is None:

@@ -121,6 +121,9 @@ def _gated_mlp_impl(
     up_bias: Optional[Tensor],
     down_bias: Optional[Tensor],
 ) -> Tensor:
+    if x.dim() == 2:
+        return dispatch.gated_mlp_forward(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias,
+                                          down_bias)
     x2 = x.reshape(-1, x.shape[-1])
     y = dispatch.gated_mlp_forward(x2, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
     return y.reshape(*x.shape[:-1], down_weight.shape[0])
@@ -390,6 +393,8 @@ def _mlp_impl(
     activation: str,
     weight_layout: str,
 ) -> Tensor:
+    if x.dim() == 2:
+        return dispatch.mlp_forward(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
     x2 = x.reshape(-1, x.shape[-1])
     y = dispatch.mlp_forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
     return y.reshape(*x.shape[:-1], y.shape[-1])

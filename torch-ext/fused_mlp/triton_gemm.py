@@ -535,6 +535,84 @@ def _dot_precision(dtype: torch.dtype) -> str:
 FWD, BWD_PLAIN, BWD_GATED = 0, 1, 2
 
 
+class _Plan:
+    """Everything of one launch of the fused kernel but its tensors: what a call of a shape
+    seen before reuses (see _forward). `runner`, once set, launches the compiled kernel
+    directly (Triton's CompiledKernel[grid]), without the JIT's argument binding and cache
+    lookup: valid because the plan's key fixes every property Triton specializes on."""
+    __slots__ = ("tma", "kernel", "grid", "ints", "consts", "blocks", "tail", "runner")
+
+    def __init__(self, tma: bool, kernel, grid: tuple, ints: tuple, consts: dict, blocks: tuple):
+        self.tma = tma
+        self.kernel = kernel  # the @triton.jit function
+        self.grid = grid
+        self.ints = ints  # M, N, K and the strides, after the eight tensor arguments
+        self.consts = consts  # compile-time arguments and launch options
+        self.blocks = blocks  # TMA: the block shapes of the x, w1 and w2 descriptors
+        # the compile-time arguments in signature order (the runner takes every argument)
+        self.tail = tuple(consts[name] for name in kernel.arg_names[8 + len(ints):])
+        self.runner = None
+
+
+def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool,
+               has_b1: bool, has_b2: bool, out: Tensor, activation_id: int,
+               pre: Optional[Tensor] = None, h: Optional[Tensor] = None, bwd: int = FWD) -> _Plan:
+    M, K = x.shape
+    N = out.shape[1] // 2 if bwd == BWD_GATED else out.shape[1]
+    gated = w2 is not None
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
+    consts = dict(
+        GATED=gated, ACTIVATION=activation_id, HAS_B1=has_b1, HAS_B2=has_b2,
+        STORE_PRE=bwd == FWD and pre is not None, BWD=bwd, STORE_H=bwd != FWD and h is not None,
+        SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
+        DOT_PRECISION=_dot_precision(x.dtype),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    pre = pre if pre is not None else out  # placeholders, never read
+    h = h if h is not None else out
+    extra = (pre.stride(0), pre.stride(1), h.stride(0), h.stride(1))
+    if cfg.tma:
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        consts["W_KN"] = w_kn
+        return _Plan(True, _fused_linear_kernel_tma, grid,
+                     (M, N, K, out.stride(0), out.stride(1), *extra), consts,
+                     ([bm, bk], [bk, bn] if w_kn else [bn, bk], [bn, bk]))
+    s1 = (w1.stride(1), w1.stride(0)) if w_kn else (w1.stride(0), w1.stride(1))  # (n, k) strides
+    s2 = (w2.stride(0), w2.stride(1)) if gated else s1
+    consts["EVEN_K"] = K % cfg.block_k == 0
+    return _Plan(False, _fused_linear_kernel, grid,
+                 (M, N, K, x.stride(0), x.stride(1), *s1, *s2, out.stride(0), out.stride(1), *extra),
+                 consts, ())
+
+
+def _run_plan(plan: _Plan, x: Tensor, w1: Tensor, w2: Optional[Tensor], b1: Optional[Tensor],
+              b2: Optional[Tensor], out: Tensor, pre: Optional[Tensor], h: Optional[Tensor],
+              keep_runner: bool = False) -> None:
+    """Launch `plan` on these tensors; keep_runner: remember the compiled kernel's launcher
+    for the next calls (only for plans whose key covers Triton's specialization)."""
+    b1 = b1 if b1 is not None else out  # placeholders, never read
+    b2 = b2 if b2 is not None else out
+    pre = pre if pre is not None else out
+    h = h if h is not None else out
+    if plan.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bx, bw1, bw2 = plan.blocks
+        a = TensorDescriptor.from_tensor(x, bx)
+        w1 = TensorDescriptor.from_tensor(w1, bw1)
+        w2 = TensorDescriptor.from_tensor(w2, bw2) if w2 is not None else w1
+    else:
+        a = x
+        w2 = w2 if w2 is not None else w1
+    if plan.runner is not None:
+        plan.runner(a, w1, w2, b1, b2, out, pre, h, *plan.ints, *plan.tail)
+        return
+    compiled = plan.kernel[plan.grid](a, w1, w2, b1, b2, out, pre, h, *plan.ints, **plan.consts)
+    if keep_runner and _RUNNER_OK and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
+        plan.runner = compiled[plan.grid]
+
+
 def _launch(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool,
             b1: Optional[Tensor], b2: Optional[Tensor], out: Tensor, activation_id: int,
             pre: Optional[Tensor] = None, h: Optional[Tensor] = None, bwd: int = FWD) -> None:
@@ -542,42 +620,8 @@ def _launch(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool
     with w_kn. Forward: `pre` receives the pre-activations if given. Backward (bwd=BWD_PLAIN /
     BWD_GATED): x is dy, w1 the down / proj weight, `pre` the saved pre-activations, `out`
     their gradient ([M, 2N] when gated; may be `pre` itself), `h` receives h if given."""
-    M, K = x.shape
-    N = out.shape[1] // 2 if bwd == BWD_GATED else out.shape[1]
-    gated = w2 is not None
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
-    flags = dict(
-        GATED=gated, ACTIVATION=activation_id, HAS_B1=b1 is not None, HAS_B2=b2 is not None,
-        STORE_PRE=bwd == FWD and pre is not None, BWD=bwd, STORE_H=bwd != FWD and h is not None,
-        SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
-        DOT_PRECISION=_dot_precision(x.dtype),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    b1 = b1 if b1 is not None else out  # placeholders, never read
-    b2 = b2 if b2 is not None else out
-    pre = pre if pre is not None else out
-    h = h if h is not None else out
-    extra = (pre.stride(0), pre.stride(1), h.stride(0), h.stride(1))
-    if cfg.tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-        x_d = TensorDescriptor.from_tensor(x, [bm, bk])
-        w1_d = TensorDescriptor.from_tensor(w1, [bk, bn] if w_kn else [bn, bk])
-        w2_d = TensorDescriptor.from_tensor(w2, [bn, bk]) if gated else w1_d
-        _fused_linear_kernel_tma[grid](
-            x_d, w1_d, w2_d, b1, b2, out, pre, h, M, N, K, out.stride(0), out.stride(1), *extra,
-            W_KN=w_kn, **flags)
-        return
-    s1 = (w1.stride(1), w1.stride(0)) if w_kn else (w1.stride(0), w1.stride(1))  # (n, k) strides
-    s2 = (w2.stride(0), w2.stride(1)) if gated else s1
-    _fused_linear_kernel[grid](
-        x, w1, w2 if gated else w1, b1, b2, out, pre, h,
-        M, N, K,
-        x.stride(0), x.stride(1), *s1, *s2, out.stride(0), out.stride(1), *extra,
-        EVEN_K=K % cfg.block_k == 0, **flags,
-    )
+    plan = _make_plan(cfg, x, w1, w2, w_kn, b1 is not None, b2 is not None, out, activation_id, pre, h, bwd)
+    _run_plan(plan, x, w1, w2, b1, b2, out, pre, h)
 
 
 def _launch_dual(cfg: Config, a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor,
@@ -647,18 +691,27 @@ def _pick_config(x: Tensor, n: int, gated: bool, tma_ok: bool, launch, mode: str
 
     `timing_launch`, for launches that must not run twice (in place, or accumulating):
     called on a cache miss only, it returns the launch function to time (into scratch)."""
+    return _pick_config_final(x, n, gated, tma_ok, launch, mode, timing_launch)[0]
+
+
+def _pick_config_final(x: Tensor, n: int, gated: bool, tma_ok: bool, launch, mode: str = "fwd",
+                       timing_launch=None) -> tuple[Config, bool]:
+    """_pick_config, and whether the choice is final for this problem (False while a CUDA
+    graph is being captured: a later call outside capture still tunes)."""
     if INTERPRETED or x.device.type != "cuda":
-        return INTERPRETER_CONFIG
+        return INTERPRETER_CONFIG, True
     m, k = x.shape
     dev = _device_key(x.device.index if x.device.index is not None else torch.cuda.current_device())
     tma = tma_ok and dev[1] >= (9, 0) and _tma_enabled()
     key = (gated, m_bucket(m), n, k, x.dtype, dev, tma) + ((mode,) if mode != "fwd" else ())
     cfg = _TUNED.get(key)
     if cfg is not None:
-        return cfg
+        return cfg, True
     cands = candidates(gated, m, n, k, x.dtype, tma, table=_MODE_TABLES[mode])
-    if len(cands) == 1 or not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
-        return cands[0]  # not cached: a later, uncaptured call still tunes
+    if len(cands) == 1 or not _autotune_enabled():
+        return cands[0], True
+    if torch.cuda.is_current_stream_capturing():
+        return cands[0], False  # not cached: a later, uncaptured call still tunes
     if timing_launch is not None:
         launch = timing_launch()
     best, best_ms = None, float("inf")
@@ -672,7 +725,58 @@ def _pick_config(x: Tensor, n: int, gated: bool, tma_ok: bool, launch, mode: str
     if best is None:
         raise RuntimeError(f"fused_mlp: no Triton config could run for {key}")
     _TUNED[key] = best
-    return best
+    return best, True
+
+
+# Forward launch plans of the shapes seen so far (the inference hot path): the key is every
+# property of the call that the config, the grid and the non-tensor arguments depend on, so
+# a repeated shape skips the tuner lookup and the argument set-up. Bounded: cleared when full.
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096
+# Whether plans launch through the compiled kernel's own launcher after their first call
+# (CompiledKernel[grid](*all_arguments), Triton 3.x); False: always through the JIT.
+_RUNNER_OK = True
+
+
+def _forward(x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool, b1: Optional[Tensor],
+             b2: Optional[Tensor], out: Tensor, activation_id: int, pre: Optional[Tensor]) -> None:
+    """The forward launch (gated when w2 is given) with the tuned config, through _PLANS."""
+    key = None
+    if not INTERPRETED:
+        dev = x.get_device()
+        if dev >= 0:
+            dt = x.dtype
+            key = (x.shape, x.stride(), dt, dev, w1.shape, w1.stride(), w_kn, activation_id,
+                   out.stride(), out.data_ptr() % 16, x.data_ptr() % 16, w1.data_ptr() % 16,
+                   None if w2 is None else (w2.stride(), w2.data_ptr() % 16),
+                   None if b1 is None else (b1.stride(), b1.data_ptr() % 16),
+                   None if b2 is None else (b2.stride(), b2.data_ptr() % 16),
+                   None if pre is None else (pre.stride(), pre.data_ptr() % 16),
+                   os.environ.get("FUSED_MLP_TMA"), os.environ.get("FUSED_MLP_AUTOTUNE"),
+                   torch.backends.cuda.matmul.allow_tf32 if dt == torch.float32 else None)
+            plan = _PLANS.get(key)
+            if plan is not None:
+                if dev != torch.cuda.current_device():
+                    with torch.cuda.device(dev):
+                        _run_plan(plan, x, w1, w2, b1, b2, out, pre, None)
+                else:
+                    _run_plan(plan, x, w1, w2, b1, b2, out, pre, None)
+                return
+
+    def launch(cfg: Config) -> None:
+        _launch(cfg, x, w1, w2, w_kn, b1, b2, out, activation_id, pre=pre)
+
+    gated = w2 is not None
+    tma_ok = _tma_compatible(x, w1, w2) if gated else _tma_compatible(x, w1)
+    with _on_device(x):
+        cfg, final = _pick_config_final(x, out.shape[1], gated, tma_ok, launch,
+                                        "fwd" if pre is None else "fwd_save")
+        plan = _make_plan(cfg, x, w1, w2, w_kn, b1 is not None, b2 is not None, out, activation_id, pre)
+        _run_plan(plan, x, w1, w2, b1, b2, out, pre, None, keep_runner=key is not None and final)
+    if key is not None and final:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
 
 
 # ----------------------------------------------------------------------------- public
@@ -702,12 +806,11 @@ def gated_linear(
     if M == 0 or N == 0:
         return out
 
-    def launch(cfg: Config) -> None:
-        _launch(cfg, x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre=pre)
-
-    mode = "fwd" if pre is None else "fwd_save"
-    with _on_device(x):
-        launch(config or _pick_config(x, N, True, _tma_compatible(x, gate_weight, up_weight), launch, mode))
+    if config is None:
+        _forward(x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre)
+    else:
+        with _on_device(x):
+            _launch(config, x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre=pre)
     return out
 
 
@@ -726,12 +829,11 @@ def linear_act(
     if M == 0 or N == 0:
         return out
 
-    def launch(cfg: Config) -> None:
-        _launch(cfg, x, weight, None, w_kn, bias, None, out, activation_id, pre=pre)
-
-    mode = "fwd" if pre is None else "fwd_save"
-    with _on_device(x):
-        launch(config or _pick_config(x, N, False, _tma_compatible(x, weight), launch, mode))
+    if config is None:
+        _forward(x, weight, None, w_kn, bias, None, out, activation_id, pre)
+    else:
+        with _on_device(x):
+            _launch(config, x, weight, None, w_kn, bias, None, out, activation_id, pre=pre)
     return out
 
 
