@@ -610,7 +610,8 @@ def _run_plan(plan: _Plan, x: Tensor, w1: Tensor, w2: Optional[Tensor], b1: Opti
         return
     compiled = plan.kernel[plan.grid](a, w1, w2, b1, b2, out, pre, h, *plan.ints, **plan.consts)
     if keep_runner and _RUNNER_OK and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
-        plan.runner = compiled[plan.grid]
+        g = plan.grid
+        plan.runner = compiled[(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)]  # wants 3-D
 
 
 def _launch(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool,
