@@ -155,6 +155,19 @@ def _needs_grad(*tensors: Optional[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _eager_function(name: str, impl, setup_context, backward) -> type:
+    """A torch.autograd.Function running a training op's implementation, setup_context and
+    backward directly: what the op's registered autograd does, without the dispatcher round
+    trips of a Python custom op (eager training; torch.compile traces the op itself)."""
+    def forward(ctx, *inputs):
+        output = impl(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                    "backward": staticmethod(backward)})
+
+
 def _may_overwrite_saved() -> bool:
     """Whether the (eager) fused backward may write gradients over the saved
     pre-activations: not when the graph is kept for another backward (retain_graph=True)."""
@@ -188,8 +201,7 @@ def _gated_grads_torch(dy, x2, wg, wu, wd, act, bg, bu, has_bd, gu, h):
             _sum_rows(dy) if has_bd else None)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("gated_mlp_train"), mutates_args=())
-def _gated_mlp_train_op(
+def _gated_mlp_train_impl(
     x: Tensor,
     gate_weight: Tensor,
     up_weight: Optional[Tensor],
@@ -211,6 +223,10 @@ def _gated_mlp_train_op(
     y, gu, h = dispatch.gated_mlp_train_forward(
         x2, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
     return y.reshape(out_shape), gu, h
+
+
+_gated_mlp_train_op = torch.library.custom_op(add_op_namespace_prefix("gated_mlp_train"), _gated_mlp_train_impl,
+                                              mutates_args=())
 
 
 @_gated_mlp_train_op.register_fake
@@ -300,6 +316,7 @@ def _gated_train_backward(ctx, grad_out, _grad_gu, _grad_h):
 
 
 _gated_mlp_train_op.register_autograd(_gated_train_backward, setup_context=_gated_train_setup)
+_GatedTrain = _eager_function("GatedMlpTrain", _gated_mlp_train_impl, _gated_train_setup, _gated_train_backward)
 
 
 def gated_mlp(
@@ -321,8 +338,8 @@ def gated_mlp(
     act = canonical_activation(activation)
     _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)
     if _needs_grad(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
-        y, _, _ = _gated_mlp_train_op(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias,
-                                      bool(recompute))
+        train = _GatedTrain.apply if _run_direct(x) else _gated_mlp_train_op
+        y, _, _ = train(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias, bool(recompute))
         return y
     if _run_direct(x):
         return _gated_mlp_impl(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias)
@@ -357,7 +374,8 @@ def gated_mlp_packed(
     if _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
         act = canonical_activation(activation)
         _check_gated(x, gate_up_weight[:h], gate_up_weight[h:], down_weight, gate_b, up_b, down_bias)
-        y, _, _ = _gated_mlp_train_op(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias,
+        train = _GatedTrain.apply if _run_direct(x) else _gated_mlp_train_op
+        y, _, _ = train(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias,
                                       bool(recompute))
         return y
     return gated_mlp(
@@ -429,8 +447,7 @@ def _mlp_grads_torch(dy, x2, fc_w, fc_b, proj_w, has_pb, act, layout, pre, h):
             _sum_rows(dy) if has_pb else None)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("mlp_train"), mutates_args=())
-def _mlp_train_op(
+def _mlp_train_impl(
     x: Tensor,
     fc_weight: Tensor,
     fc_bias: Optional[Tensor],
@@ -449,6 +466,9 @@ def _mlp_train_op(
         y, pre, h = dispatch.mlp_train_forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, activation,
                                                weight_layout)
     return y.reshape(*x.shape[:-1], y.shape[-1]), pre, h
+
+
+_mlp_train_op = torch.library.custom_op(add_op_namespace_prefix("mlp_train"), _mlp_train_impl, mutates_args=())
 
 
 @_mlp_train_op.register_fake
@@ -521,6 +541,7 @@ def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
 
 
 _mlp_train_op.register_autograd(_mlp_train_backward, setup_context=_mlp_train_setup)
+_MlpTrain = _eager_function("MlpTrain", _mlp_train_impl, _mlp_train_setup, _mlp_train_backward)
 
 
 def _check_first_projection(name: str, w: Tensor, x: Tensor, weight_layout: str) -> int:
@@ -570,7 +591,8 @@ def mlp(
     if proj_bias is not None:
         _check_tensor("proj_bias", proj_bias, x, (out,))
     if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
-        y, _, _ = _mlp_train_op(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout, bool(recompute))
+        train = _MlpTrain.apply if _run_direct(x) else _mlp_train_op
+        y, _, _ = train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout, bool(recompute))
         return y
     if _run_direct(x):
         return _mlp_impl(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)

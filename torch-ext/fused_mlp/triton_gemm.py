@@ -739,41 +739,46 @@ _MAX_PLANS = 4096
 _RUNNER_OK = True
 
 
-def _forward(x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool, b1: Optional[Tensor],
-             b2: Optional[Tensor], out: Tensor, activation_id: int, pre: Optional[Tensor]) -> None:
-    """The forward launch (gated when w2 is given) with the tuned config, through _PLANS."""
+def _planned(x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool, b1: Optional[Tensor],
+             b2: Optional[Tensor], out: Tensor, activation_id: int, pre: Optional[Tensor],
+             h: Optional[Tensor] = None, bwd: int = FWD, mode: str = "fwd", timing_launch=None) -> None:
+    """One launch of the fused kernel (see _launch for the arguments) with the tuned config,
+    through _PLANS: the tuner runs on the first call of a shape bucket, the plan is made on
+    the first call of a signature, and later calls only launch."""
     key = None
     if not INTERPRETED:
         dev = x.get_device()
         if dev >= 0:
             dt = x.dtype
-            key = (x.shape, x.stride(), dt, dev, w1.shape, w1.stride(), w_kn, activation_id,
-                   out.stride(), out.data_ptr() % 16, x.data_ptr() % 16, w1.data_ptr() % 16,
+            key = (x.shape, x.stride(), dt, dev, w1.shape, w1.stride(), w_kn, activation_id, bwd,
+                   out.shape, out.stride(), out.data_ptr() % 16, x.data_ptr() % 16, w1.data_ptr() % 16,
                    None if w2 is None else (w2.stride(), w2.data_ptr() % 16),
                    None if b1 is None else (b1.stride(), b1.data_ptr() % 16),
                    None if b2 is None else (b2.stride(), b2.data_ptr() % 16),
                    None if pre is None else (pre.stride(), pre.data_ptr() % 16),
+                   None if h is None else (h.stride(), h.data_ptr() % 16),
                    os.environ.get("FUSED_MLP_TMA"), os.environ.get("FUSED_MLP_AUTOTUNE"),
+                   os.environ.get("FUSED_MLP_BWD_SUBTILE") if bwd != FWD else None,
                    torch.backends.cuda.matmul.allow_tf32 if dt == torch.float32 else None)
             plan = _PLANS.get(key)
             if plan is not None:
                 if dev != torch.cuda.current_device():
                     with torch.cuda.device(dev):
-                        _run_plan(plan, x, w1, w2, b1, b2, out, pre, None)
+                        _run_plan(plan, x, w1, w2, b1, b2, out, pre, h)
                 else:
-                    _run_plan(plan, x, w1, w2, b1, b2, out, pre, None)
+                    _run_plan(plan, x, w1, w2, b1, b2, out, pre, h)
                 return
 
     def launch(cfg: Config) -> None:
-        _launch(cfg, x, w1, w2, w_kn, b1, b2, out, activation_id, pre=pre)
+        _launch(cfg, x, w1, w2, w_kn, b1, b2, out, activation_id, pre=pre, h=h, bwd=bwd)
 
     gated = w2 is not None
     tma_ok = _tma_compatible(x, w1, w2) if gated else _tma_compatible(x, w1)
+    n = out.shape[1] // 2 if bwd == BWD_GATED else out.shape[1]
     with _on_device(x):
-        cfg, final = _pick_config_final(x, out.shape[1], gated, tma_ok, launch,
-                                        "fwd" if pre is None else "fwd_save")
-        plan = _make_plan(cfg, x, w1, w2, w_kn, b1 is not None, b2 is not None, out, activation_id, pre)
-        _run_plan(plan, x, w1, w2, b1, b2, out, pre, None, keep_runner=key is not None and final)
+        cfg, final = _pick_config_final(x, n, gated, tma_ok, launch, mode, timing_launch)
+        plan = _make_plan(cfg, x, w1, w2, w_kn, b1 is not None, b2 is not None, out, activation_id, pre, h, bwd)
+        _run_plan(plan, x, w1, w2, b1, b2, out, pre, h, keep_runner=key is not None and final)
     if key is not None and final:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -808,7 +813,8 @@ def gated_linear(
         return out
 
     if config is None:
-        _forward(x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre)
+        _planned(x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre,
+                 mode="fwd" if pre is None else "fwd_save")
     else:
         with _on_device(x):
             _launch(config, x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre=pre)
@@ -831,7 +837,7 @@ def linear_act(
         return out
 
     if config is None:
-        _forward(x, weight, None, w_kn, bias, None, out, activation_id, pre)
+        _planned(x, weight, None, w_kn, bias, None, out, activation_id, pre, mode="fwd" if pre is None else "fwd_save")
     else:
         with _on_device(x):
             _launch(config, x, weight, None, w_kn, bias, None, out, activation_id, pre=pre)
@@ -856,17 +862,19 @@ def linear_dact(
     bwd = BWD_GATED if gated else BWD_PLAIN
     inplace = out.data_ptr() == pre.data_ptr()
 
-    def launch(cfg: Config, target: Tensor = out, h_target: Optional[Tensor] = h) -> None:
-        _launch(cfg, dy, weight, None, w_kn, None, None, target, activation_id, pre=pre, h=h_target, bwd=bwd)
+    def launch(cfg: Config, target: Tensor = out) -> None:
+        _launch(cfg, dy, weight, None, w_kn, None, None, target, activation_id, pre=pre, h=h, bwd=bwd)
 
     def timing_launch():  # in place, a second run would read gradients as pre-activations
         scratch = torch.empty_like(out)
         return lambda cfg: launch(cfg, scratch)
 
-    with _on_device(dy):
-        cfg = config or _pick_config(dy, N, False, _tma_compatible(dy, weight), launch,
-                                     "bwd_gated" if gated else "bwd", timing_launch if inplace else None)
-        launch(cfg)
+    if config is None:
+        _planned(dy, weight, None, w_kn, None, None, out, activation_id, pre, h, bwd,
+                 "bwd_gated" if gated else "bwd", timing_launch if inplace else None)
+    else:
+        with _on_device(dy):
+            launch(config)
     return out
 
 
