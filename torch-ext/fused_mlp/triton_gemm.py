@@ -737,9 +737,10 @@ def _pick_config_final(x: Tensor, n: int, gated: bool, tma_ok: bool, launch, mod
     return best, True
 
 
-# Forward launch plans of the shapes seen so far (the inference hot path): the key is every
-# property of the call that the config, the grid and the non-tensor arguments depend on, so
-# a repeated shape skips the tuner lookup and the argument set-up. Bounded: cleared when full.
+# Launch plans of the call signatures seen so far (forward, training forward, the backward's
+# dh GEMM): the key is every property of the call that the config, the grid, the non-tensor
+# arguments and Triton's specialization depend on, so a repeated signature skips the tuner
+# lookup and the argument set-up. Bounded: cleared when full.
 _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096
 # Whether plans launch through the compiled kernel's own launcher after their first call
