@@ -277,6 +277,39 @@ def interpret(fused_mlp, monkeypatch):
 INTERP_DTYPES = [torch.float32, torch.float16]
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("kind", ["gated", "plain", "plain_kn", "bwd_plain", "bwd_gated"])
+def test_launch_plan_matches_kernel_signature(fused_mlp, tma, kind):
+    """A launch plan's argument layout (8 tensors, then `ints`, then the compile-time values
+    in `tail`) is exactly its kernel's parameter list: the direct launcher of later calls
+    (CompiledKernel[grid]) takes every argument by position, so a kernel signature edit
+    that the plan code missed must fail here, not launch with shifted arguments."""
+    pytest.importorskip("triton")
+    tg = triton_gemm_module(fused_mlp)
+    if tg.INTERPRETED:
+        pytest.skip("the compiled-mode module is loaded interpreted in this process")
+    m, k, n = 40, 64, 48
+    x = torch.zeros(m, k)
+    w1 = torch.zeros(k, n) if kind == "plain_kn" else torch.zeros(n, k)
+    w2 = torch.zeros(n, k) if kind == "gated" else None
+    bwd = {"bwd_plain": tg.BWD_PLAIN, "bwd_gated": tg.BWD_GATED}.get(kind, tg.FWD)
+    out = torch.zeros(m, 2 * n if kind == "bwd_gated" else n)
+    pre = torch.zeros_like(out)
+    h = torch.zeros(m, n) if bwd != tg.FWD else None
+    cfg = tg.Config(32, 32, 32, 4, 4, 2, tma)
+    plan = tg._make_plan(cfg, x, w1, w2, kind == "plain_kn", True, False, out, 1, pre, h, bwd)
+    params = plan.kernel.params
+    assert plan.kernel is (tg._fused_linear_kernel_tma if tma else tg._fused_linear_kernel)
+    assert 8 + len(plan.ints) + len(plan.tail) == len(params)
+    assert not any(p.is_constexpr for p in params[: 8 + len(plan.ints)])
+    tail = params[8 + len(plan.ints):]
+    assert all(p.is_constexpr for p in tail)
+    assert plan.tail == tuple(plan.consts[p.name] for p in tail)
+    assert set(plan.consts) - {p.name for p in tail} == {"num_warps", "num_stages"}
+    assert plan.ints[:3] == (m, n, k)
+    assert plan.grid == (2 * 2,)  # cdiv(40, 32) * cdiv(48, 32)
+
+
 @pytest.mark.parametrize("dtype", INTERP_DTYPES)
 @pytest.mark.parametrize("m", [1, 3, 64])
 @pytest.mark.parametrize("bias", [False, True])
