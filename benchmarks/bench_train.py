@@ -24,6 +24,11 @@ triton.testing.do_bench, median, L2 flushed between steps. Peak memory: the most
 allocated during one step over what was allocated before it (inputs, weights and dy
 excluded; the gradients the step creates included).
 
+--graph also times each step as one CUDA-graph replay (forward and backward captured
+together, gradients written into the graph's own buffers): GPU time without the host's
+launch overhead, a "graph" row next to each "events" row. Where the two differ, the events
+timing measured Python and launches, not kernels.
+
 --variants also times alternatives of our backward on the same cases:
     dx=triton       dx = dg Wg + du Wu by the dual-operand Triton kernel (default: cuBLAS
                     mm + addmm_, one mm for a packed weight)
@@ -153,6 +158,30 @@ def train_step(fwd, dy, retain=False):
     def step():
         fwd().backward(dy, retain_graph=retain)
     return step
+
+
+def graphed_step(step, ps):
+    """A CUDA graph of one training step (warmed up on a side stream first, gradients set to
+    None before each warm-up step and before the capture, so the captured backward allocates
+    them); returns its replay."""
+    def fresh():
+        for p in ps:
+            p.grad = None
+        step()
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fresh()
+    torch.cuda.current_stream().wait_stream(s)
+    for p in ps:
+        p.grad = None
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    torch.cuda.synchronize()
+    return g.replay
 
 
 def reference_grads(c: Case, t: dict) -> list:
@@ -304,6 +333,25 @@ def run(args) -> dict:
             "peak_mem_mb": {k: mem.get(k) for k in MEM_KEYS},
             "floor_ms": floor,
         })
+        if args.graph and device == "cuda":
+            import triton.testing
+
+            gtimes = {}
+            for name, step in steps.items():
+                gtimes[name] = None
+                if step is None:
+                    continue
+                try:
+                    replay = graphed_step(step, ps)
+                    gtimes[name] = float(triton.testing.do_bench(replay, warmup=args.warmup, rep=args.rep,
+                                                                 return_mode="median"))
+                except Exception as e:  # reported, the row says n/a
+                    print(f"[bench] {c.name}: graph timing of {name} failed: {type(e).__name__}: {e}", flush=True)
+                for p in ps:
+                    p.grad = None
+            rows.append({**rows[-1], "timing": "graph", "ours_ms": gtimes["ours"],
+                         "peers_ms": {p: gtimes.get(p) for p in PEERS},
+                         "ours_recompute_ms": gtimes["ours_recompute"]})
         if args.variants:
             variants[c.name] = run_variants(c, t, fm, bench, fwds, ref)
         del t, ps, dy, ref, fwds, steps
@@ -439,7 +487,8 @@ def print_table(res: dict) -> None:
         m_ratio = f"{mem['ours'] / eager_mem:10.2f}" if mem.get("ours") and eager_mem else f"{'n/a':>10s}"
         rc_ratio = (f"{mem['ours_recompute'] / eager_mem:8.2f}" if mem.get("ours_recompute") and eager_mem
                     else f"{'n/a':>8s}")
-        line = (f"{r['case']:45s} {fmt(ours)} {fmt(r['ours_recompute_ms'])} "
+        label = r["case"] if r.get("timing", "events") == "events" else f"{r['case']} ({r['timing']})"
+        line = (f"{label:45s} {fmt(ours)} {fmt(r['ours_recompute_ms'])} "
                 + " ".join(fmt(peers.get(p)) for p in PEERS) + f" {r['floor_ms']:8.3f} {ratio} | "
                 + "          " + " ".join(fmt(mem.get(k), "9.1f") for k in MEM_KEYS) + f" {m_ratio} {rc_ratio}")
         print(line)
@@ -451,6 +500,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default=None, help="comma-separated substrings of case names (e.g. geglu,swiglu)")
     p.add_argument("--variants", action="store_true", help="also time our backward's alternatives (see above)")
+    p.add_argument("--graph", action="store_true", help="also time each step as a CUDA-graph replay (see above)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
     p.add_argument("--repo-id", default="org/fused-mlp")
     p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")

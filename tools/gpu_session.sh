@@ -67,7 +67,7 @@ if has bench-mlp; then
 fi
 if has bench-train; then
   step bench-train
-  $PY benchmarks/bench_train.py --out "$OUT/mlp_train_h200.json" 2>&1 | tail -30 | tee -a "$LOG"
+  $PY benchmarks/bench_train.py --out "$OUT/mlp_train_h200.json" ${BENCH_TRAIN_ARGS:-} 2>&1 | tail -30 | tee -a "$LOG"
 fi
 if has profile; then
   step profile
