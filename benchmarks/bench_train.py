@@ -70,7 +70,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _common import rel_err  # noqa: E402  (same directory)
 from bench_mlp import Case as ForwardCase  # noqa: E402
-from bench_mlp import Timer, _version, ceilings, eager_gated, eager_mlp, load_liger  # noqa: E402
+from bench_mlp import Timer, _version, ceilings, eager_gated, eager_mlp, graphed, load_liger  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_train_h200.json"
 PEERS = ("eager", "compile", "liger")
@@ -161,27 +161,15 @@ def train_step(fwd, dy, retain=False):
 
 
 def graphed_step(step, ps):
-    """A CUDA graph of one training step (warmed up on a side stream first, gradients set to
-    None before each warm-up step and before the capture, so the captured backward allocates
-    them); returns its replay."""
+    """A CUDA graph of one training step (bench_mlp.graphed), the gradients set to None
+    before each warm-up step and inside the capture, so the captured backward allocates
+    them in the graph's memory; returns its replay."""
     def fresh():
         for p in ps:
             p.grad = None
         step()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fresh()
-    torch.cuda.current_stream().wait_stream(s)
-    for p in ps:
-        p.grad = None
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    torch.cuda.synchronize()
-    return g.replay
+    return graphed(fresh)
 
 
 def reference_grads(c: Case, t: dict) -> list:
