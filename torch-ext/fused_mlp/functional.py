@@ -121,12 +121,8 @@ def _gated_mlp_impl(
     up_bias: Optional[Tensor],
     down_bias: Optional[Tensor],
 ) -> Tensor:
-    if x.dim() == 2:
-        return dispatch.gated_mlp_forward(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias,
-                                          down_bias)
-    x2 = x.reshape(-1, x.shape[-1])
-    y = dispatch.gated_mlp_forward(x2, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
-    return y.reshape(*x.shape[:-1], down_weight.shape[0])
+    return _on_rows(dispatch.gated_mlp_forward, x, gate_weight, up_weight, down_weight, activation, gate_bias,
+                    up_bias, down_bias)
 
 
 _gated_mlp_op = torch.library.custom_op(add_op_namespace_prefix("gated_mlp"), _gated_mlp_impl, mutates_args=())
@@ -153,6 +149,15 @@ def _run_direct(x: Tensor) -> bool:
 
 def _needs_grad(*tensors: Optional[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _on_rows(forward, x: Tensor, *args) -> Tensor:
+    """forward(x2d, *args) -> [M, out] applied to x with any leading dimensions (a 2-D x is
+    passed as it is: no reshape on the hot path)."""
+    if x.dim() == 2:
+        return forward(x, *args)
+    y = forward(x.reshape(-1, x.shape[-1]), *args)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _eager_function(name: str, impl, setup_context, backward) -> type:
@@ -411,11 +416,7 @@ def _mlp_impl(
     activation: str,
     weight_layout: str,
 ) -> Tensor:
-    if x.dim() == 2:
-        return dispatch.mlp_forward(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
-    x2 = x.reshape(-1, x.shape[-1])
-    y = dispatch.mlp_forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return _on_rows(dispatch.mlp_forward, x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
 
 
 _mlp_op = torch.library.custom_op(add_op_namespace_prefix("mlp"), _mlp_impl, mutates_args=())
@@ -630,9 +631,7 @@ def _linear_act_impl(
     activation: str,
     weight_layout: str,
 ) -> Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    y = dispatch.linear_act_forward(x2, weight, bias, activation, weight_layout)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return _on_rows(dispatch.linear_act_forward, x, weight, bias, activation, weight_layout)
 
 
 _linear_act_op = torch.library.custom_op(add_op_namespace_prefix("linear_act"), _linear_act_impl, mutates_args=())
