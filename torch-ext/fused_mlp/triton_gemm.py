@@ -617,7 +617,7 @@ def _run_plan(plan: _Plan, x: Tensor, w1: Tensor, w2: Optional[Tensor], b1: Opti
         plan.runner(a, w1, w2, b1, b2, out, pre, h, *plan.ints, *plan.tail)
         return
     compiled = plan.kernel[plan.grid](a, w1, w2, b1, b2, out, pre, h, *plan.ints, **plan.consts)
-    if keep_runner and _RUNNER_OK and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
+    if keep_runner and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
         g = plan.grid
         plan.runner = compiled[(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)]  # wants 3-D
 
@@ -743,9 +743,6 @@ def _pick_config_final(x: Tensor, n: int, gated: bool, tma_ok: bool, launch, mod
 # lookup and the argument set-up. Bounded: cleared when full.
 _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 4096
-# Whether plans launch through the compiled kernel's own launcher after their first call
-# (CompiledKernel[grid](*all_arguments), Triton 3.x); False: always through the JIT.
-_RUNNER_OK = True
 
 
 def _planned(x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool, b1: Optional[Tensor],
