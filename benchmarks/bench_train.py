@@ -69,6 +69,7 @@ os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _common import rel_err  # noqa: E402  (same directory)
+import bench_mlp  # noqa: E402
 from bench_mlp import Case as ForwardCase  # noqa: E402
 from bench_mlp import Timer, _version, ceilings, eager_gated, eager_mlp, graphed, load_liger  # noqa: E402
 
@@ -105,22 +106,14 @@ def all_cases() -> list[Case]:
 # ----------------------------------------------------------------------------- implementations
 
 def make_inputs(c: Case, seed: int, device: str = "cuda") -> dict:
-    g = torch.Generator(device=device).manual_seed(seed)
-
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g, device=device, dtype=torch.float32) * scale).to(c.dtype)
-
-    t = {"x": rnd(c.m, c.d)}
-    if c.kind == "gated":
-        t.update(wg=rnd(c.h, c.d, scale=c.d**-0.5), wu=rnd(c.h, c.d, scale=c.d**-0.5),
-                 wd=rnd(c.d, c.h, scale=c.h**-0.5))
-    else:
-        t.update(w1=rnd(c.h, c.d, scale=c.d**-0.5), b1=rnd(c.h, scale=0.1) if c.bias else None,
-                 w2=rnd(c.d, c.h, scale=c.h**-0.5), b2=rnd(c.d, scale=0.1) if c.bias else None)
+    """bench_mlp's inputs (x, weights, biases) requiring grad, and dy."""
+    t = bench_mlp.make_inputs(c, device, seed)
+    del t["h_buf"]  # the forward benchmark's gemms_only input
     for v in t.values():
         if v is not None:
             v.requires_grad_()
-    t["dy"] = rnd(c.m, c.d)
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    t["dy"] = torch.randn(c.m, c.d, generator=g, device=device, dtype=torch.float32).to(c.dtype)
     return t
 
 

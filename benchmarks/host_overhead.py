@@ -64,7 +64,7 @@ def main() -> None:
             hh = torch.randn(m, h, device=dev, dtype=dt)
             b1 = torch.randn(h, device=dev, dtype=dt)
             b2 = torch.randn(d, device=dev, dtype=dt)
-            act = tg_act = 2  # gelu_tanh
+            act = tg_act = fm.activations.ACTIVATION_IDS["gelu_tanh"]
             fm.gated_mlp(x, wg, wu, wd, "gelu_tanh")  # tunes
             torch.cuda.synchronize()
             tma_ok = tg._tma_compatible(x, wg, wu)
@@ -88,6 +88,7 @@ def main() -> None:
                 "F.linear (down)": lambda: F.linear(hh, wd),
             }
             if cfg.tma:
+                import triton
                 from triton.tools.tensor_descriptor import TensorDescriptor
                 bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
                 layers["3 x TensorDescriptor.from_tensor"] = lambda: (
@@ -95,7 +96,7 @@ def main() -> None:
                     TensorDescriptor.from_tensor(wu, [bn, bk]))
                 xd, w1d, w2d = (TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(wg, [bn, bk]),
                                 TensorDescriptor.from_tensor(wu, [bn, bk]))
-                grid = (triton_cdiv(m, bm) * triton_cdiv(h, bn),)
+                grid = (triton.cdiv(m, bm) * triton.cdiv(h, bn),)
                 flags = dict(GATED=True, ACTIVATION=act, HAS_B1=False, HAS_B2=False, STORE_PRE=False, BWD=0,
                              STORE_H=False, SUBTILE=False, W_KN=False, DOT_PRECISION="tf32", BLOCK_M=bm,
                              BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
@@ -121,10 +122,6 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 if __name__ == "__main__":
