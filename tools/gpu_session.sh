@@ -4,7 +4,8 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build test test-gpu bench-act host-overhead bench-mlp bench-decode bench-train profile matrix demo
+#   steps: build test test-gpu bench-act micro-act host-overhead bench-mlp bench-decode bench-train
+#          mem-trace kernel-config profile matrix demo
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -28,11 +29,23 @@ if ! $PY -c "import kernels, liger_kernel" 2>/dev/null; then
 fi
 $PY -c "import torch, triton, kernels, transformers, huggingface_hub as h; print('torch', torch.__version__, 'triton', triton.__version__, 'kernels', kernels.__version__, 'transformers', transformers.__version__, 'hf_hub', h.__version__)" 2>&1 | tee -a "$LOG"
 
+if has matrix; then
+  # The build matrix's entry for this interpreter (issue 7): every capability build.toml
+  # lists, metadata, kernel-abi-check, get_kernel import, an op on the GPU. A later
+  # "build" step then only stages this build (the tests run on it).
+  step "matrix ${MATRIX_ARGS:-}"
+  $PY tools/build_matrix.py --system --jobs 16 ${MATRIX_ARGS:-} > "$OUT/matrix.txt" 2>&1
+  echo "exit $?" >> "$OUT/matrix.txt"
+  tail -30 "$OUT/matrix.txt" | tee -a "$LOG"
+  cp build/matrix-report.json "$OUT/matrix-report.json" 2>/dev/null
+fi
 if has build; then
   step build
-  $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1
-  grep "^\[build\]\|error" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
-  rm -f "$OUT/build_full.txt"
+  if ! has matrix; then
+    $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1
+    grep "^\[build\]\|error" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
+    rm -f "$OUT/build_full.txt"
+  fi
   $PY tools/stage_cache.py --cache "$KERNELS_CACHE" 2>&1 | tee -a "$LOG"
 fi
 if has test; then
@@ -44,7 +57,7 @@ if has test-gpu; then
   # One pytest process per file, so that a crash in one file does not hide the others.
   for f in ${TEST_FILES:-tests/test_*.py}; do
     step "test-gpu $f"
-    timeout "${PYTEST_TIMEOUT:-300}" $PY -m pytest -v -p no:cacheprovider "$f" -m gpu -rf > "$OUT/pytest_$(basename "$f" .py).txt" 2>&1
+    timeout "${PYTEST_TIMEOUT:-300}" $PY -m pytest -v -p no:cacheprovider "$f" -m gpu -rf ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/pytest_$(basename "$f" .py).txt" 2>&1
     echo "exit $?" >> "$OUT/pytest_$(basename "$f" .py).txt"
     grep -E "^(FAILED|ERROR)|passed|failed|error|exit [0-9]" "$OUT/pytest_$(basename "$f" .py).txt" | tail -25 | tee -a "$LOG"
   done
@@ -52,6 +65,13 @@ fi
 if has bench-act; then
   step bench-act
   $PY benchmarks/bench_act_and_mul.py --out "$OUT/act_and_mul_h200.json" 2>&1 | tail -25 | tee -a "$LOG"
+fi
+if has micro-act; then
+  # Layout variants of silu_and_mul as a standalone CUDA program (benchmarks/micro/).
+  step micro-act
+  nvcc -O3 -std=c++17 -arch=sm_90 -o "$ROOT/.amv" benchmarks/micro/act_and_mul_variants.cu 2>&1 | tail -5 | tee -a "$LOG"
+  "$ROOT/.amv" > "$OUT/act_and_mul_variants_h200.txt" 2>&1
+  cat "$OUT/act_and_mul_variants_h200.txt" | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead
@@ -69,15 +89,27 @@ if has bench-train; then
   step bench-train
   $PY benchmarks/bench_train.py --out "$OUT/mlp_train_h200.json" ${BENCH_TRAIN_ARGS:-} 2>&1 | tail -30 | tee -a "$LOG"
 fi
+if has mem-trace; then
+  step "mem-trace ${MEM_TRACE_ARGS:-}"
+  $PY benchmarks/memory_trace.py --out "$OUT/memory_trace_h200.txt" ${MEM_TRACE_ARGS:-} 2>&1 | tail -60 | tee -a "$LOG"
+fi
+if has kernel-config; then
+  # transformers' KernelConfig route needs a transformers that accepts the installed kernels
+  # (5.20-5.22 take kernels 0.17.2): a carried wheel, installed into its own directory.
+  step kernel-config
+  TF_DIR="$ROOT/.tf-route"
+  $PY -m pip install -q --no-deps --no-index --target "$TF_DIR" .wheels/transformers-5.22*.whl .wheels/tokenizers-*.whl 2>&1 | tail -2 | tee -a "$LOG"
+  if ! PYTHONPATH="$TF_DIR" $PY -c "import transformers" 2>/dev/null; then
+    $PY -m pip install -q --no-deps --no-index --target "$TF_DIR" .wheels/huggingface_hub-*.whl 2>&1 | tail -2 | tee -a "$LOG"
+  fi
+  PYTHONPATH="$TF_DIR" $PY -c "import transformers, tokenizers, huggingface_hub as h; print('route with transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'hf_hub', h.__version__)" 2>&1 | tail -3 | tee -a "$LOG"
+  PYTHONPATH="$TF_DIR" timeout 300 $PY -m pytest -v -p no:cacheprovider tests/test_mapping.py -m gpu -rs > "$OUT/pytest_kernel_config.txt" 2>&1
+  echo "exit $?" >> "$OUT/pytest_kernel_config.txt"
+  grep -E "PASS|FAIL|SKIP|ERROR|passed|failed|exit [0-9]" "$OUT/pytest_kernel_config.txt" | tail -15 | tee -a "$LOG"
+fi
 if has profile; then
   step profile
   $PY benchmarks/profile_post.py --out-dir "$OUT/traces" 2>&1 | tail -40 | tee -a "$LOG"
-fi
-if has matrix; then
-  step matrix
-  $PY tools/build_matrix.py --system ${MATRIX_ARGS:-} > "$OUT/matrix.txt" 2>&1
-  echo "exit $?" >> "$OUT/matrix.txt"
-  tail -30 "$OUT/matrix.txt" | tee -a "$LOG"
 fi
 if has demo; then
   step demo
