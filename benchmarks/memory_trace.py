@@ -30,9 +30,13 @@ OWN_FILES = ("fused_mlp", "benchmarks", "torch/autograd", "torch/nn/functional")
 
 
 def where(frames: list) -> str:
-    """The innermost frames that belong to this project (or autograd), shortened."""
+    """The innermost frames that belong to this project (or autograd), shortened; with
+    C++ stacks recorded, also the innermost ATen operator frames."""
     picked = [f for f in frames if any(k in f.get("filename", "") for k in OWN_FILES)]
-    return " <- ".join(f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in picked[:3]) or "?"
+    py = " <- ".join(f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in picked[:3])
+    ops = [f["name"] for f in frames if "at::native::" in f.get("name", "") or "at::_ops::" in f.get("name", "")]
+    cpp = " <- ".join(n.split("(")[0][-60:] for n in ops[:3])
+    return " | ".join(p for p in (py, cpp) if p) or "?"
 
 
 def peak_of_trace(trace: list) -> tuple[int, list]:
@@ -55,6 +59,7 @@ def main() -> None:
     ap.add_argument("--cases", default="mlp_gelu")
     ap.add_argument("--impls", default="ours,eager,ours_recompute")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cpp", action="store_true", help="record C++ stacks too (names the ATen operator)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("[trace] needs a CUDA device")
@@ -66,6 +71,20 @@ def main() -> None:
     def say(s: str) -> None:
         print(s, flush=True)
         lines.append(s)
+
+    # A bias gradient is a column sum of an [M, H] gradient: what does that allocate?
+    for shape in ((8192, 3072), (8192, 768)):
+        g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        for label, fn in (("t.sum(0)", lambda: g.sum(0)), ("torch.mv(t.T, ones)", lambda: torch.mv(g.t(), ones))):
+            ones = torch.ones(shape[0], device="cuda", dtype=torch.bfloat16)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            r = fn()
+            torch.cuda.synchronize()
+            say(f"probe {label} on bf16 {shape}: peak +{(torch.cuda.max_memory_allocated() - before) / 1e6:.2f} MB")
+            del r
+        del g, ones
 
     cases = [c for c in bench_train.all_cases() if any(p in c.name for p in args.cases.split(","))]
     for i, c in enumerate(cases):
@@ -82,7 +101,7 @@ def main() -> None:
             for p in ps:
                 p.grad = None
             torch.cuda.synchronize()
-            torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
+            torch.cuda.memory._record_memory_history(max_entries=100000, stacks="all" if args.cpp else "python")
             step()
             torch.cuda.synchronize()
             snap = torch.cuda.memory._snapshot()

@@ -305,6 +305,40 @@ def test_kernelize_inference_cpu(fused_mlp):
     assert rel_err(out, ref) < FP32_BOUND
 
 
+def test_kernelize_with_tagged_activation(fused_mlp):
+    """The transformers releases that accept the installed kernels tag their activations
+    (SiLUActivation is "SiLU"); kernelize, finding no kernel for them, binds each one's own
+    class forward on the instance. That is still the activation's function: the MLP fuses.
+    (Found on the GPU with transformers 5.22.2: every MLP fell back to the original.)"""
+    import kernels
+    from kernels import Mode
+    from transformers.activations import SiLUActivation
+
+    model = tiny_llama()
+    ref = model(ids()).logits
+    had = "kernel_layer_name" in SiLUActivation.__dict__
+    if not had:
+        kernels.replace_kernel_forward_from_hub(SiLUActivation, "SiLU")
+    try:
+        fused_mlp.mapping.kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    finally:
+        if not had:
+            del SiLUActivation.kernel_layer_name, SiLUActivation.kernel_condition
+    act = model.model.layers[0].mlp.act_fn
+    assert "forward" in act.__dict__  # what kernelize did to the activation
+    with torch.no_grad():
+        out = model(ids()).logits
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 2} and fused_mlp.layers.ORIGINAL_CALLS == {}
+    assert rel_err(out, ref) < FP32_BOUND
+    # Any other forward on the instance is not assumed to compute SiLU.
+    for layer in model.model.layers:
+        layer.mlp.act_fn.forward = lambda x: torch.nn.functional.gelu(x)
+    fused_mlp.layers.reset_counters()
+    with torch.no_grad():
+        model(ids())
+    assert fused_mlp.layers.FUSED_CALLS == {} and fused_mlp.layers.ORIGINAL_CALLS == {"GatedMLP": 2}
+
+
 def test_kernelize_from_local_path(fused_mlp):
     """local_path: LocalLayerRepository on a variant directory (here the fixture's own)."""
     from kernels import Mode

@@ -154,8 +154,19 @@ def _no_hooks(m: nn.Module) -> bool:
         or m._forward_pre_hooks
         or m._backward_hooks
         or m._backward_pre_hooks
-        or "forward" in m.__dict__
+        or not _own_forward(m)
     )
+
+
+def _own_forward(m: nn.Module) -> bool:
+    """The instance runs its class's forward: none set on the instance, or the class's
+    own forward bound to it. kernels.kernelize does the latter for every tagged layer it
+    has no kernel for (e.g. transformers' SiLUActivation, tagged "SiLU" by the
+    transformers releases that accept the installed kernels)."""
+    f = m.__dict__.get("forward")
+    if f is None:
+        return True
+    return getattr(f, "__self__", None) is m and getattr(f, "__func__", None) is type(m).forward
 
 
 # nn.Linear subclasses whose forward is F.linear's function written out (x @ W.T + b).
