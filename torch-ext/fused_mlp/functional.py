@@ -305,7 +305,7 @@ def _gated_train_backward(ctx, grad_out, _grad_gu, _grad_h):
              | (NEED_DW_OUT if need[3] else 0) | (NEED_DB_IN if need[5] or need[6] else 0)
              | (NEED_DB_OUT if need[7] else 0))
     args = (dy, x2, gate_w, up_w, down_w, ctx.activation, gate_b, up_b, gu, h, needs)
-    if torch.compiler.is_compiling():
+    if not (_run_direct(dy) and type(x2) is torch.Tensor):  # traced (AOTAutograd: fake tensors)
         dx, dwgu, dwd, dbgu, dbd = _gated_bwd_op(*args)
     else:
         dx, dwgu, dwd, dbgu, dbd = dispatch.gated_mlp_backward(*args, gu is not None and _may_overwrite_saved())
@@ -533,7 +533,7 @@ def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
     needs = ((NEED_DX if need[0] else 0) | (NEED_DW_IN if need[1] else 0) | (NEED_DB_IN if need[2] else 0)
              | (NEED_DW_OUT if need[3] else 0) | (NEED_DB_OUT if need[4] else 0))
     args = (dy, x2, fc_w, fc_b, proj_w, act, layout, pre, h, needs)
-    if torch.compiler.is_compiling():
+    if not (_run_direct(dy) and type(x2) is torch.Tensor):  # traced (AOTAutograd: fake tensors)
         dx, dw1, dw2, db1, db2 = _mlp_bwd_op(*args)
     else:
         dx, dw1, dw2, db1, db2 = dispatch.mlp_backward(*args, pre is not None and _may_overwrite_saved())
