@@ -6,6 +6,8 @@
 #   bash tools/gpu_session.sh [steps...]
 #   steps: build test test-gpu bench-act micro-act host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo
+#   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
+#   PYTEST_ARGS (test), BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, MATRIX_ARGS / MATRIX_TESTS
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -34,7 +36,8 @@ if has matrix; then
   # lists, metadata, kernel-abi-check, get_kernel import, an op on the GPU. A later
   # "build" step then only stages this build (the tests run on it).
   step "matrix ${MATRIX_ARGS:-}"
-  $PY tools/build_matrix.py --system --jobs 16 ${MATRIX_ARGS:-} > "$OUT/matrix.txt" 2>&1
+  # --tests never by default: the whole suite does not fit one device call (test-gpu runs it per file).
+  $PY tools/build_matrix.py --system --jobs 16 --tests "${MATRIX_TESTS:-never}" ${MATRIX_ARGS:-} > "$OUT/matrix.txt" 2>&1
   echo "exit $?" >> "$OUT/matrix.txt"
   tail -30 "$OUT/matrix.txt" | tee -a "$LOG"
   cp build/matrix-report.json "$OUT/matrix-report.json" 2>/dev/null

@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 // blocks keep ~2048 threads per SM resident, which hides DRAM latency as well as more
 // loads per thread did and leaves no partly used row chunks: on the H200 this measured
 // 165.9 us against 166.8 for 4 accesses per thread in 256-thread row chunks, 8192 x
-// 2 x 14336 bf16 (benchmarks/micro/act_and_mul_variants.cu, results/act_and_mul_variants_h200.txt).
+// 2 x 14336 bf16, silu (benchmarks/micro/act_and_mul_variants.cu,
+// benchmarks/results/act_and_mul_variants_h200.txt).
 constexpr int kFlatThreads = 128;
 
 template <typename T, Activation A>
@@ -218,8 +219,9 @@ __global__ void __launch_bounds__(kFlatThreads)
 // Which layout the vector path takes. One access per thread leaves each thread's
 // activation latency exposed: fine for exp/max-based activations, not for the tanh and
 // erf ones, which keep 4 accesses per thread in row chunks. Measured on the H200
-// (8192 x 2 x 14336 bf16, results/act_and_mul_h200.json): silu 166.9 us flat vs 168.5
-// in row chunks; gelu_tanh 176.2 flat vs 169.2 in row chunks.
+// (8192 x 2 x 14336 bf16; benchmarks/results/act_and_mul_h200_flat_all.json against
+// act_and_mul_h200_session2.json): silu 166.9 us flat vs 168.5 in row chunks; gelu_tanh
+// 176.2 flat vs 169.2 in row chunks.
 template <Activation A>
 constexpr bool kFlatLayout = !(A == Activation::kGeluTanh || A == Activation::kGelu);
 
