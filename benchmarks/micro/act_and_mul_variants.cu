@@ -88,11 +88,11 @@ __global__ void row_chunk(bf16* out, const bf16* in, int64_t rows, int32_t d, in
   }
 }
 
-// Inductor's layout: the output flattened, each thread `unroll` consecutive 16-byte
-// accesses' worth spread by blockDim (coalesced), one division per access.
+// Inductor's layout: the output flattened, each thread `unroll` 16-byte accesses spread
+// by blockDim (coalesced), one division per access. `base` is the thread's first access.
 template <int kUnroll, bool kStreaming>
-__global__ void flat(bf16* out, const bf16* in, int64_t n_vec, int32_t vec_per_row) {
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
+__device__ __forceinline__ void flat_step(bf16* out, const bf16* in, int64_t base, int64_t n_vec,
+                                          int32_t vec_per_row) {
   uint4 g[kUnroll], u[kUnroll];
   int64_t o[kUnroll];
 #pragma unroll
@@ -113,32 +113,19 @@ __global__ void flat(bf16* out, const bf16* in, int64_t n_vec, int32_t vec_per_r
     if (o[k] >= 0) store16<kStreaming>(out + o[k], combine(g[k], u[k]));
 }
 
-// Persistent grid-stride version of the flat layout: a fixed grid walks the whole
-// output, the loads of one iteration issued together.
+template <int kUnroll, bool kStreaming>
+__global__ void flat(bf16* out, const bf16* in, int64_t n_vec, int32_t vec_per_row) {
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
+  flat_step<kUnroll, kStreaming>(out, in, base, n_vec, vec_per_row);
+}
+
+// Persistent grid-stride version of the flat layout: a fixed grid walks the whole output.
 template <int kUnroll, bool kStreaming>
 __global__ void grid_stride(bf16* out, const bf16* in, int64_t n_vec, int32_t vec_per_row) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kUnroll;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < n_vec;
-       base += stride) {
-    uint4 g[kUnroll], u[kUnroll];
-    int64_t o[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int64_t i = base + static_cast<int64_t>(k) * blockDim.x;
-      o[k] = -1;
-      if (i < n_vec) {
-        const int64_t row = i / vec_per_row;
-        const int64_t col = i - row * vec_per_row;
-        const bf16* gate = in + (row * 2 * vec_per_row + col) * kVec;
-        g[k] = load16<kStreaming>(gate);
-        u[k] = load16<kStreaming>(gate + static_cast<int64_t>(vec_per_row) * kVec);
-        o[k] = i * kVec;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k)
-      if (o[k] >= 0) store16<kStreaming>(out + o[k], combine(g[k], u[k]));
-  }
+       base += stride)
+    flat_step<kUnroll, kStreaming>(out, in, base, n_vec, vec_per_row);
 }
 
 struct Timer {
