@@ -344,9 +344,22 @@ def test_cpu_compile_training_step(cpu_reference, recompute):
         torch.testing.assert_close(a1[n].grad, a2[n].grad, rtol=1e-4, atol=1e-5)
 
 
-def test_interpret_compile_training_step(interpret):
-    """The fused backward's custom ops (fake implementations) under torch.compile (aot_eager)."""
+def test_interpret_compile_training_step(interpret, monkeypatch):
+    """The fused backward's custom ops (fake implementations) under torch.compile (aot_eager).
+    The kernels' implementation only ever sees real tensors: while AOTAutograd traces the
+    backward (fake / functional tensors) it must go through the op. (torch 2.11 reports
+    is_compiling() False there; a backward that relied on it called the kernels with fake
+    tensors on the GPU.)"""
     fm = interpret
+    dispatch = module(fm, "dispatch")
+    seen = []
+    real_backward = dispatch.gated_mlp_backward
+
+    def spy(*args, **kwargs):
+        seen.append(type(args[0]))
+        return real_backward(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "gated_mlp_backward", spy)
     torch._dynamo.reset()
     t = make_gated(13, 24, 40, 20, torch.float32, "cpu", True)
 
@@ -358,6 +371,7 @@ def test_interpret_compile_training_step(interpret):
     a = _leaves(t, GATED_NAMES)
     torch.compile(step, backend="aot_eager")(a)
     check_grads({n: v.grad for n, v in a.items()}, ref_grads_gated(fm, t, "silu"), TOL[torch.float32], "compiled")
+    assert seen and all(tp is torch.Tensor for tp in seen), seen
 
 
 # ----------------------------------------------------------------------------- CPU: interpreted kernels
