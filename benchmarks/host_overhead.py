@@ -3,12 +3,18 @@
 and a cProfile of one public call. A call whose host time exceeds its GPU time is
 launch-bound: `events` timings then measure Python, not kernels.
 
-    KERNELS_CACHE=... HF_HUB_OFFLINE=1 python benchmarks/host_overhead.py [--out FILE]
+    KERNELS_CACHE=... HF_HUB_OFFLINE=1 python benchmarks/host_overhead.py [--out FILE] [--train]
 
 Layers of one gated_mlp call (each timed alone, after warm-up, no synchronisation inside
 the loop): public op -> dispatcher -> gated_linear (tuner lookup + launch) -> _launch
 (flags, descriptors, Triton's launch) -> the bare Triton launch with every argument
 prepared, and cuBLAS for the down projection.
+
+--train: host time of one training step (forward + backward, gradients set to None) at
+m8192 d768 h3072 bf16, ours (GeGLU, plain MLP) against eager, in loops of 20 steps (short
+enough that the launch queue never fills and blocks the host), and a cProfile of the plain
+MLP's steps by own time. bench_train.py --graph showed these steps' events timing 0.65 ms
+above their GPU time (session 3).
 """
 
 from __future__ import annotations
@@ -40,9 +46,57 @@ def host_us(fn, n: int = 300) -> float:
     return best
 
 
+def profile(fn, calls: int, say, title: str) -> None:
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
+    say(f"## cProfile of {title}, by own time")
+    say(s.getvalue()[:7000])
+
+
+def train_host_time(fm, say) -> None:
+    m, d, h, dt, dev = 8192, 768, 3072, torch.bfloat16, "cuda"
+
+    def leaf(*shape, scale=1.0):
+        return (torch.randn(*shape, device=dev, dtype=dt) * scale).requires_grad_()
+
+    x = leaf(m, d)
+    wg, wu, w1 = (leaf(h, d, scale=d**-0.5) for _ in range(3))
+    wd, w2 = (leaf(d, h, scale=h**-0.5) for _ in range(2))
+    b1, b2 = leaf(h), leaf(d)
+    dy = torch.randn(m, d, device=dev, dtype=dt)
+    params = [x, wg, wu, w1, wd, w2, b1, b2]
+
+    def step(fwd):
+        def run():
+            for p in params:
+                p.grad = None
+            fwd().backward(dy)
+        return run
+
+    steps = {
+        "ours gated_mlp gelu_tanh": step(lambda: fm.gated_mlp(x, wg, wu, wd, "gelu_tanh")),
+        "eager gated (3 linear + gelu + mul)": step(lambda: F.linear(
+            F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd)),
+        "ours mlp gelu_tanh +bias": step(lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh")),
+        "eager mlp (linear + gelu + linear)": step(lambda: F.linear(
+            F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)),
+    }
+    say(f"## training step host us/step (min of 3 loops of 20 steps), m{m} d{d} h{h} bf16")
+    for name, fn in steps.items():
+        say(f"  {name:<36} {host_us(fn, n=20):8.1f}")
+    profile(steps["ours mlp gelu_tanh +bias"], 20, say, "20 plain-MLP training steps (ours)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the report to this file")
+    ap.add_argument("--train", action="store_true", help="training steps only (see the docstring)")
     args = ap.parse_args()
     lines: list[str] = []
 
@@ -55,7 +109,11 @@ def main() -> None:
     disp = importlib.import_module(fm.__name__ + ".dispatch")
     dev = "cuda"
     say(f"# host us/call (min of 3 loops of 300 calls), {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    cases = {"m128 d4096 h14336": (128, 4096, 14336), "m8192 d768 h3072": (8192, 768, 3072)}
+    if args.train:
+        train_host_time(fm, say)
+        cases = {}
+    else:
+        cases = {"m128 d4096 h14336": (128, 4096, 14336), "m8192 d768 h3072": (8192, 768, 3072)}
     for name, (m, d, h) in cases.items():
         for dt in (torch.bfloat16, torch.float16):
             x = torch.randn(m, d, device=dev, dtype=dt)
@@ -108,17 +166,7 @@ def main() -> None:
             for lname, fn in layers.items():
                 say(f"  {lname:<36} {host_us(fn):8.1f}")
             if name.startswith("m8192") and dt == torch.bfloat16:
-                fn = layers["public gated_mlp"]
-                pr = cProfile.Profile()
-                pr.enable()
-                for _ in range(200):
-                    fn()
-                pr.disable()
-                torch.cuda.synchronize()
-                s = io.StringIO()
-                pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
-                say("## cProfile of 200 public gated_mlp calls (m8192 d768 bf16), by own time")
-                say(s.getvalue()[:7000])
+                profile(layers["public gated_mlp"], 200, say, "200 public gated_mlp calls (m8192 d768 bf16)")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

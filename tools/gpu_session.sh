@@ -7,7 +7,8 @@
 #   steps: build test test-gpu bench-act micro-act host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
-#   PYTEST_ARGS (test), BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, MATRIX_ARGS / MATRIX_TESTS
+#   PYTEST_ARGS (test), BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
+#   MATRIX_ARGS / MATRIX_TESTS
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -78,7 +79,7 @@ if has micro-act; then
 fi
 if has host-overhead; then
   step host-overhead
-  $PY benchmarks/host_overhead.py --out "$OUT/host_overhead_h200.txt" 2>&1 | head -150 | tee -a "$LOG"
+  $PY benchmarks/host_overhead.py --out "$OUT/host_overhead_h200.txt" ${HOST_OVERHEAD_ARGS:-} 2>&1 | head -150 | tee -a "$LOG"
 fi
 if has bench-decode; then
   step bench-decode
