@@ -12,7 +12,7 @@ import torch
 
 from . import reference
 from ._ops import add_op_namespace_prefix, ops
-from .activations import activation_id, canonical_activation
+from .activations import ACTIVATION_IDS, canonical_activation
 
 _NAMED = ("silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 _OP_NAMES = ("act_and_mul",) + tuple(f"{a}_and_mul" for a in _NAMED)
@@ -25,13 +25,26 @@ for _name in _OP_NAMES:
         torch.library.register_fake(add_op_namespace_prefix(_name))(lambda out, input: None)
 
 
-@torch.compiler.assume_constant_result  # a fixed property of the build: dynamo need not trace it
+def _kernel_table() -> dict[tuple[str, str], bool]:
+    """(op name, device type) -> whether this build registered a kernel of that op for
+    that device, read once at import: a fixed property of the build, looked up as a
+    constant by dynamo (a plain dict; torch.compiler.assume_constant_result would import
+    torch._dynamo with the package, ~2.5 s)."""
+    table = {}
+    for name in _OP_NAMES + ("decode_gate_up", "decode_linear"):
+        qualified = add_op_namespace_prefix(name)
+        defined = torch._C._dispatch_has_kernel(qualified)  # False for ops this build lacks
+        for device_type, key in (("cuda", "CUDA"), ("cpu", "CPU")):
+            table[(name, device_type)] = defined and torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
+    return table
+
+
+_COMPILED = _kernel_table()
+
+
 def has_compiled_kernel(op_name: str, device: torch.device) -> bool:
     """Whether this build registered a kernel of `op_name` for `device`'s type."""
-    key = {"cuda": "CUDA", "cpu": "CPU"}.get(device.type)
-    if key is None:
-        return False
-    return torch._C._dispatch_has_kernel_for_dispatch_key(add_op_namespace_prefix(op_name), key)
+    return _COMPILED.get((op_name, device.type), False)
 
 
 def _check_args(out: torch.Tensor, x: torch.Tensor) -> None:
@@ -54,7 +67,7 @@ def act_and_mul(out: torch.Tensor, x: torch.Tensor, activation: str = "silu") ->
     """out = act(x[..., :d]) * x[..., d:] for any activation fused-mlp knows."""
     act = canonical_activation(activation)
     if has_compiled_kernel("act_and_mul", x.device):
-        ops.act_and_mul(out, x, activation_id(act))
+        ops.act_and_mul(out, x, ACTIVATION_IDS[act])
     else:
         _check_args(out, x)
         out.copy_(reference.act_and_mul(x, act))

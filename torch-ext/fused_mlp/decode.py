@@ -24,7 +24,8 @@ from typing import Optional
 import torch
 
 from ._ops import add_op_namespace_prefix, ops
-from .activations import activation_id, canonical_activation
+from .act_and_mul import has_compiled_kernel
+from .activations import activation_id
 
 Tensor = torch.Tensor
 
@@ -37,12 +38,6 @@ _OPS = ("decode_gate_up", "decode_linear")
 def _op_defined(name: str) -> bool:
     # False (not an error) for ops this build does not define, e.g. in the CPU variant.
     return torch._C._dispatch_has_kernel(add_op_namespace_prefix(name))
-
-
-def _has_cuda_kernel(name: str) -> bool:
-    return _op_defined(name) and torch._C._dispatch_has_kernel_for_dispatch_key(
-        add_op_namespace_prefix(name), "CUDA"
-    )
 
 
 # The compiled ops only write `out` and return nothing, so their fake (meta)
@@ -62,7 +57,7 @@ def available(device: torch.device | str) -> bool:
     device = torch.device(device)
     if device.type != "cuda":
         return False
-    return all(_has_cuda_kernel(name) for name in _OPS)
+    return all(has_compiled_kernel(name, device) for name in _OPS)
 
 
 def _x2d(x2d: Tensor) -> Tensor:
@@ -92,7 +87,7 @@ def gate_up(
     activation: str = "silu",
 ) -> Tensor:
     """act(x2d gate_weight^T + gate_bias) * (x2d up_weight^T + up_bias), shape [M, hidden]."""
-    act = activation_id(canonical_activation(activation))
+    act = activation_id(activation)
     x2d = _x2d(x2d)
     out = torch.empty((x2d.shape[0], gate_weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
     ops.decode_gate_up(out, x2d, gate_weight, up_weight, gate_bias, up_bias, act)
@@ -101,7 +96,7 @@ def gate_up(
 
 def linear(x2d: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: str = "identity") -> Tensor:
     """act(x2d weight^T + bias), shape [M, out]; activation "identity" for a plain linear."""
-    act = activation_id(canonical_activation(activation))
+    act = activation_id(activation)
     x2d = _x2d(x2d)
     out = torch.empty((x2d.shape[0], weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
     ops.decode_linear(out, x2d, weight, bias, act)
