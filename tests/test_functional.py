@@ -745,3 +745,17 @@ def test_gpu_linear_act_bf16(fused_mlp, monkeypatch, m, layout, decode):
         t = make_linear(m, d, h, torch.bfloat16, "cuda", True, layout, seed=m)
         check(run_linear_act(fused_mlp, t, act, layout).cpu(), ref_linear_act(fused_mlp, t, act, layout),
               TOL[torch.bfloat16], f"linear_act bf16 {act} {layout} M={m}")
+
+
+def test_dispatch_counts_the_span_of_strided_views(fused_mlp):
+    """The Triton kernels index in 32 bits: a strided view whose elements are few but lie far
+    apart (rows of a wider buffer) must take the reference path, like a large tensor."""
+    dispatch = fused_mlp.dispatch
+    w = torch.empty(16, 8, device="meta")
+    near = torch.empty(0, device="meta").as_strided((4, 8), (8, 1))
+    far = torch.empty(0, device="meta").as_strided((4, 8), (2**30, 1))  # 32 elements, span 3 * 2**30 + 8
+    assert dispatch._span(near) == 32 and dispatch._span(far) == 3 * 2**30 + 8
+    assert not dispatch._too_large(near, w)
+    assert dispatch._too_large(far, w)
+    choice = dispatch.choose(far, "gated", (w, w, w.t()), 16)
+    assert choice.path == "reference" and "32-bit" in choice.reason

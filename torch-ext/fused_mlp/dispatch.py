@@ -124,11 +124,17 @@ class Choice(NamedTuple):
     reason: str
 
 
+def _span(t: Tensor) -> int:
+    """1 + the largest element offset the kernels compute for t (its numel when contiguous;
+    more for a strided view, e.g. columns of a wider buffer)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+
+
 def _too_large(*tensors: Optional[Tensor]) -> bool:
-    for t in tensors:
-        if t is not None and t.numel() > _MAX_NUMEL:
-            return True
-    return False
+    # The Triton kernels compute offsets in 32 bits: what counts is the span, not numel.
+    return any(t is not None and _span(t) > _MAX_NUMEL for t in tensors)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +155,7 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
         return Choice("reference", f"dtype {dtype} runs on the reference path")
     m = x.shape[0]
     if m * hidden > _MAX_NUMEL or _too_large(x, *weights):
-        return Choice("reference", "a tensor exceeds 2**31 - 1 elements (32-bit indexing)")
+        return Choice("reference", "a tensor spans more than 2**31 - 1 elements (32-bit indexing)")
     dev = x.device
     if dev.type == "cuda":
         tg = _triton_gemm()
