@@ -438,7 +438,7 @@ def test_interpret_in_place_and_retain_graph(interpret, monkeypatch):
     used = []
     for name in ("gated_mlp_backward", "mlp_backward"):
         orig = getattr(d, name)
-        monkeypatch.setattr(d, name, lambda *a, _o=orig, _n=name: used.append((_n, a[-1])) or _o(*a))
+        monkeypatch.setattr(d, name, lambda *a, _o=orig, _n=name, **k: used.append((_n, a[-1])) or _o(*a, **k))
     t = make_gated(21, 24, 40, 20, torch.float32, "cpu", True, seed=8)
     ref = ref_grads_gated(fm, t, "silu")
     a = _leaves(t, GATED_NAMES)
@@ -919,3 +919,13 @@ def test_gpu_column_sum(gpu, dtype, shape):
     assert rel_err(out, exact) <= bound
     if t.numel() >= 2**22:
         assert extra <= 2**20, f"column_sum allocated {extra} bytes for a {tuple(shape)} input"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "64MB", "nan", "inf"])
+def test_recompute_chunk_setting_is_checked(fused_mlp, monkeypatch, value):
+    tb = module(fused_mlp, "triton_backward")
+    monkeypatch.setenv("FUSED_MLP_RECOMPUTE_CHUNK_MB", value)
+    with pytest.raises(ValueError, match="FUSED_MLP_RECOMPUTE_CHUNK_MB"):
+        tb.recompute_chunk_bytes()
+    monkeypatch.setenv("FUSED_MLP_RECOMPUTE_CHUNK_MB", "0.5")
+    assert tb.recompute_chunk_bytes() == 2**19

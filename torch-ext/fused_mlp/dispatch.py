@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from typing import NamedTuple, Optional
 
 import torch
@@ -65,31 +64,24 @@ DECODE_MAX_M: dict[tuple[int, int], int] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
 def _decode_module():
-    """decode.py, or None where it is absent (or fails to load: then with a warning)."""
-    try:
-        from . import decode
-    except ImportError:
-        return None
-    except Exception as e:  # a broken decode.py must not take the other paths down
-        warnings.warn(f"fused_mlp: decode.py failed to load ({type(e).__name__}: {e}); decode path off")
-        return None
+    """decode.py (always part of the package; a function so that tests can stand in for it)."""
+    from . import decode
+
     return decode
 
 
 @functools.lru_cache(maxsize=None)
 def _decode_available(device: torch.device) -> bool:
-    mod = _decode_module()
-    return mod is not None and bool(mod.available(device))
+    return bool(_decode_module().available(device))
 
 
 def _decode_max_m(device: torch.device, cap: tuple[int, int]) -> int:
-    """The largest M for the decode path; 0 where decode.py is absent or unavailable."""
+    """The largest M for the decode path; 0 where this build has no decode kernels."""
     limit = DECODE_MAX_M.get(cap, 0)
     if limit <= 0 or not _decode_available(device):
         return 0
-    return min(limit, getattr(_decode_module(), "MAX_M", 64))
+    return min(limit, _decode_module().MAX_M)
 
 
 # ---- Triton -------------------------------------------------------------------------
@@ -320,14 +312,17 @@ def gated_mlp_train_forward(x, gate_weight, up_weight, down_weight, activation, 
 
 
 def gated_mlp_backward(dy, x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias,
-                       gu, h, needs: int, inplace: bool):
+                       gu, h, needs: int, inplace: bool, path: Optional[str] = None):
     """The fused backward (Triton paths): (dx, [dWg; dWu], dWd, [dbg; dbu], dbd), None where
     `needs` (triton_backward.NEED_* bits) leaves one out. gu / h: saved by
-    gated_mlp_train_forward, or None to recompute them."""
+    gated_mlp_train_forward, or None to recompute them. path: backward_choice's, when the
+    caller has it already."""
     wg, wu, bg, bu = split_gate_up(gate_weight, up_weight, gate_bias, up_bias)
-    path = backward_choice(x, "gated", (wg, wu, down_weight), wg.shape[0]).path
-    if path not in _FUSED_PATHS:
-        raise RuntimeError(f"fused_mlp: the fused backward cannot run on the {path!r} path")
+    if path is None:
+        c = backward_choice(x, "gated", (wg, wu, down_weight), wg.shape[0])
+        if c.path not in _FUSED_PATHS:
+            raise RuntimeError(f"fused_mlp: the fused backward cannot run on the {c.path!r} path ({c.reason})")
+        path = c.path
     return triton_backward.gated_backward(
         _kernels(path), dy, x, wg, wu, down_weight, activation_id(activation), bg, bu, gu, h, needs, inplace)
 
@@ -348,13 +343,16 @@ def mlp_train_forward(x, fc_weight, fc_bias, proj_weight, proj_bias, activation,
 
 
 def mlp_backward(dy, x, fc_weight, fc_bias, proj_weight, activation, weight_layout, pre, h,
-                 needs: int, inplace: bool):
-    """The fused backward of the plain MLP (Triton paths): (dx, dW1, dW2, db1, db2)."""
-    conv = weight_layout == "conv1d"
-    hidden = fc_weight.shape[1] if conv else fc_weight.shape[0]
-    path = backward_choice(x, "mlp", (fc_weight, proj_weight), hidden, weight_layout).path
-    if path not in _FUSED_PATHS:
-        raise RuntimeError(f"fused_mlp: the fused backward cannot run on the {path!r} path")
+                 needs: int, inplace: bool, path: Optional[str] = None):
+    """The fused backward of the plain MLP (Triton paths): (dx, dW1, dW2, db1, db2).
+    path: backward_choice's, when the caller has it already."""
+    if path is None:
+        conv = weight_layout == "conv1d"
+        hidden = fc_weight.shape[1] if conv else fc_weight.shape[0]
+        c = backward_choice(x, "mlp", (fc_weight, proj_weight), hidden, weight_layout)
+        if c.path not in _FUSED_PATHS:
+            raise RuntimeError(f"fused_mlp: the fused backward cannot run on the {c.path!r} path ({c.reason})")
+        path = c.path
     return triton_backward.mlp_backward(
         _kernels(path), dy, x, fc_weight, fc_bias, proj_weight, activation_id(activation), weight_layout,
         pre, h, needs, inplace)

@@ -178,7 +178,7 @@ def _may_overwrite_saved() -> bool:
     pre-activations: not when the graph is kept for another backward (retain_graph=True)."""
     try:
         return not torch._C._autograd._get_current_graph_task_keep_graph()
-    except Exception:  # a torch without this query: be safe
+    except AttributeError:  # a torch without this query: keep the saved tensors intact
         return False
 
 
@@ -308,7 +308,8 @@ def _gated_train_backward(ctx, grad_out, _grad_gu, _grad_h):
     if not (_run_direct(dy) and type(x2) is torch.Tensor):  # traced (AOTAutograd: fake tensors)
         dx, dwgu, dwd, dbgu, dbd = _gated_bwd_op(*args)
     else:
-        dx, dwgu, dwd, dbgu, dbd = dispatch.gated_mlp_backward(*args, gu is not None and _may_overwrite_saved())
+        dx, dwgu, dwd, dbgu, dbd = dispatch.gated_mlp_backward(*args, gu is not None and _may_overwrite_saved(),
+                                                               path=path)
     dx = dx.reshape(x.shape) if need[0] else None
     dwd = _empty_to_none(dwd, need[3])
     dbd = _empty_to_none(dbd, need[7])
@@ -536,7 +537,8 @@ def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
     if not (_run_direct(dy) and type(x2) is torch.Tensor):  # traced (AOTAutograd: fake tensors)
         dx, dw1, dw2, db1, db2 = _mlp_bwd_op(*args)
     else:
-        dx, dw1, dw2, db1, db2 = dispatch.mlp_backward(*args, pre is not None and _may_overwrite_saved())
+        dx, dw1, dw2, db1, db2 = dispatch.mlp_backward(*args, pre is not None and _may_overwrite_saved(),
+                                                       path=path)
     return (dx.reshape(x.shape) if need[0] else None, _empty_to_none(dw1, need[1]), _empty_to_none(db1, need[2]),
             _empty_to_none(dw2, need[3]), _empty_to_none(db2, need[4]), None, None, None)
 

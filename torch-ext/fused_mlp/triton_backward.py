@@ -31,6 +31,7 @@ and their gradients are returned in that layout.
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional
 
@@ -50,7 +51,16 @@ def dx_mode() -> str:
 
 
 def recompute_chunk_bytes() -> int:
-    return int(float(os.environ.get("FUSED_MLP_RECOMPUTE_CHUNK_MB", "64")) * 2**20)
+    """FUSED_MLP_RECOMPUTE_CHUNK_MB (default 64) in bytes: the recomputed pre-activations'
+    budget per chunk."""
+    raw = os.environ.get("FUSED_MLP_RECOMPUTE_CHUNK_MB", "64")
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = float("nan")
+    if not (math.isfinite(mb) and mb * 2**20 >= 1):
+        raise ValueError(f"FUSED_MLP_RECOMPUTE_CHUNK_MB={raw!r}: expected a positive number of MB")
+    return int(mb * 2**20)
 
 
 def chunk_columns(m: int, hidden: int, bytes_per_column_row: int, budget: Optional[int] = None) -> int:

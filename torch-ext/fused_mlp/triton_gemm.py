@@ -723,16 +723,17 @@ def _pick_config_final(x: Tensor, n: int, gated: bool, tma_ok: bool, launch, mod
         return cands[0], False  # not cached: a later, uncaptured call still tunes
     if timing_launch is not None:
         launch = timing_launch()
-    best, best_ms = None, float("inf")
+    best, best_ms, failure = None, float("inf"), None
     for c in cands:
         try:
             ms = _time_ms(lambda: launch(c))
-        except Exception:  # out of shared memory / registers on this GPU, or a compile failure
+        except Exception as e:  # out of shared memory / registers on this GPU, or a compile failure
+            failure = e
             continue
         if ms < best_ms:
             best, best_ms = c, ms
     if best is None:
-        raise RuntimeError(f"fused_mlp: no Triton config could run for {key}")
+        raise RuntimeError(f"fused_mlp: no Triton config could run for {key}") from failure
     _TUNED[key] = best
     return best, True
 
