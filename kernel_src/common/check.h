@@ -3,7 +3,8 @@
 // Integers and shapes become text through std::to_string, never through std::ostream:
 // on the GPU machine's toolchain (gcc 13.3, glibc 2.39, torch 2.11) a TORCH_CHECK that
 // streamed an int64 from this extension crashed inside std::ostream::_M_insert<long>
-// (segfault, traced with cuda-gdb), while messages made only of strings worked. The
+// (segfault; benchmarks/results/gpu_tests_h200.md, session 1), while messages made only
+// of strings worked. The
 // root cause is not known; assembling the message as a string sidesteps it everywhere.
 #pragma once
 

@@ -286,7 +286,8 @@ void launch_for_layout(T* out, const T* in, int64_t rows, int64_t d, cudaStream_
     const int64_t accesses = rows * (d / kVec);
     const int64_t grid = ceil_div(accesses, kFlatThreads);
     // 2^31 - 1 blocks of 128 accesses: 4 TiB of output, more than any GPU holds.
-    FUSED_MLP_CHECK(grid <= std::numeric_limits<int32_t>::max(), "fused_mlp: act_and_mul: input too large");
+    FUSED_MLP_CHECK(grid <= std::numeric_limits<int32_t>::max(), "fused_mlp: act_and_mul: out has ", accesses * kVec,
+                    " elements, more than the kernel supports (", int64_t{std::numeric_limits<int32_t>::max()} * kFlatThreads * kVec, ")");
     act_and_mul_flat_kernel<T, A><<<static_cast<unsigned>(grid), kFlatThreads, 0, stream>>>(
         out, in, accesses, d / kVec);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

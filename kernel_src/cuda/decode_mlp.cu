@@ -568,7 +568,7 @@ DeviceInfo device_info(int device) {
   // above manylinux_2_28). Racing first calls store identical values.
   constexpr int kMaxDevices = 64;
   FUSED_MLP_CHECK(device >= 0 && device < kMaxDevices, "fused_mlp.decode: CUDA device index ", device,
-              " is out of range");
+              " is out of range (0 to ", kMaxDevices - 1, ")");
   static std::atomic<int> sms[kMaxDevices], major[kMaxDevices], optin[kMaxDevices];
   DeviceInfo info{};
   info.index = device;
@@ -697,7 +697,7 @@ void check_x(const char* op, const torch::Tensor& x) {
               " (use the general path, e.g. fused_mlp.gated_mlp / fused_mlp.mlp, for more)");
   FUSED_MLP_CHECK(x.is_contiguous(), "fused_mlp.", op, ": x must be contiguous (call .contiguous())");
   FUSED_MLP_CHECK(x.size(1) <= INT_MAX / kMaxM, "fused_mlp.", op, ": x.shape[1] = ", x.size(1),
-              " is too large");
+              " is larger than the kernel supports (", INT_MAX / kMaxM, ")");
 }
 
 void check_same(const char* op, const char* name, const torch::Tensor& t, const torch::Tensor& x) {
@@ -719,7 +719,7 @@ void check_weight(const char* op, const char* name, const torch::Tensor& w, cons
     FUSED_MLP_CHECK(w.size(0) == rows, "fused_mlp.", op, ": ", name, " has shape ", w.sizes(),
                 ", expected [", rows, ", ", x.size(1), "]");
   }
-  FUSED_MLP_CHECK(w.size(0) <= INT_MAX, "fused_mlp.", op, ": ", name, " has too many rows (", w.size(0), ")");
+  FUSED_MLP_CHECK(w.size(0) <= INT_MAX, "fused_mlp.", op, ": ", name, " has ", w.size(0), " rows, more than the kernel supports (", INT_MAX, ")");
   FUSED_MLP_CHECK(w.size(1) <= 1 || w.stride(1) == 1, "fused_mlp.", op, ": ", name,
               " must have unit stride in its last dimension (got strides ", w.strides(),
               "); rows may be strided (e.g. slices of a packed weight)");
@@ -783,7 +783,8 @@ void decode_gate_up_cuda(torch::Tensor& out, const torch::Tensor& x,
   check_bias(op, "gate_bias", gate_bias, x, H);
   check_bias(op, "up_bias", up_bias, x, H);
   check_out(op, out, x, H);
-  FUSED_MLP_CHECK(x.size(0) * H <= INT_MAX, "fused_mlp.decode_gate_up: out is too large");
+  FUSED_MLP_CHECK(x.size(0) * H <= INT_MAX, "fused_mlp.decode_gate_up: out would have ", x.size(0) * H,
+                  " elements, more than the kernel supports (2^31 - 1)");
   if (x.size(0) == 0 || H == 0) return;
 
   const c10::cuda::CUDAGuard guard(x.device());
@@ -838,7 +839,8 @@ void decode_linear_cuda(torch::Tensor& out, const torch::Tensor& x, const torch:
   check_weight(op, "weight", weight, x, -1);
   check_bias(op, "bias", bias, x, N);
   check_out(op, out, x, N);
-  FUSED_MLP_CHECK(x.size(0) * N <= INT_MAX, "fused_mlp.decode_linear: out is too large");
+  FUSED_MLP_CHECK(x.size(0) * N <= INT_MAX, "fused_mlp.decode_linear: out would have ", x.size(0) * N,
+                  " elements, more than the kernel supports (2^31 - 1)");
   if (x.size(0) == 0 || N == 0) return;
 
   const c10::cuda::CUDAGuard guard(x.device());

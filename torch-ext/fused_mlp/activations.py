@@ -84,7 +84,7 @@ def torch_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return _TORCH_FNS[canonical_activation(name)]
 
 
-# sqrt(2 / pi), used by the tanh-GELU forms in the kernels.
+# sqrt(2 / pi), for the tanh-GELU derivative below.
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 

@@ -93,8 +93,9 @@ def _sum_rows(t: Tensor) -> Tensor:
 
 
 def _gated_backward(ctx, grad_out):
-    """Backward of the inference op (used when it is differentiated, e.g. under
-    torch.compile): plain PyTorch, pre-activations recomputed from the saved inputs."""
+    """Backward of the inference op, used only when that op is called directly with inputs
+    requiring grad (gated_mlp sends those calls to the training op): plain PyTorch,
+    pre-activations recomputed from the saved inputs."""
     x, gate_w, up_w, down_w, gate_b, up_b, down_b = ctx.saved_tensors
     x2 = x.reshape(-1, x.shape[-1])
     dy = grad_out.reshape(-1, grad_out.shape[-1])
@@ -646,6 +647,7 @@ def _(x, weight, bias, activation, weight_layout):
 
 
 _linear_act_op.register_autograd(_linear_act_backward, setup_context=_linear_act_save)
+_LinearActTrain = _eager_function("LinearActTrain", _linear_act_impl, _linear_act_save, _linear_act_backward)
 
 
 def linear_act(
@@ -663,6 +665,8 @@ def linear_act(
     out = _check_first_projection("weight", weight, x, weight_layout)
     if bias is not None:
         _check_tensor("bias", bias, x, (out,))
-    if _needs_grad(x, weight, bias) or not _run_direct(x):
+    if not _run_direct(x):
         return _linear_act_op(x, weight, bias, act, weight_layout)
+    if _needs_grad(x, weight, bias):
+        return _LinearActTrain.apply(x, weight, bias, act, weight_layout)
     return _linear_act_impl(x, weight, bias, act, weight_layout)

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import reference
 from .act_and_mul import act_and_mul
-from .activations import torch_activation
 from .functional import gated_mlp, gated_mlp_packed, linear_act, mlp
 
 __all__ = [
@@ -590,7 +590,7 @@ class BertIntermediate(nn.Module):
 # Same names and forward as kernels-community/activation's layers:
 # forward(x) = act(x[..., :d]) * x[..., d:], output allocated inside.
 # Under torch.compile they emit that formula, which inductor fuses into one elementwise
-# kernel itself (and fused_mlp.act_and_mul's kernel-availability check is not traceable).
+# kernel itself.
 
 
 def _act_and_mul_layer(x, activation: str, name: str):
@@ -604,13 +604,12 @@ def _act_and_mul_layer(x, activation: str, name: str):
         # act_and_mul writes into `out` and has no autograd formula.
         and not (x.requires_grad and torch.is_grad_enabled())
     )
-    d = x.shape[-1] // 2
     if fusable:
         _fused(name)
-        out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
+        out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
         return act_and_mul(out, x, activation)
     _original(name)
-    return torch_activation(activation)(x[..., :d]) * x[..., d:]
+    return reference.act_and_mul(x, activation)
 
 
 class SiluAndMul(nn.Module):

@@ -374,8 +374,7 @@ def _layer_for_class(cls: type) -> Optional[str]:
     if src is None:
         return table
     fn = _forward_def(src)
-    text = normalize_forward(fn) if fn is not None else None
-    layer = _TEMPLATE_TEXT.get(text) if text is not None else None
+    layer = layer_for_forward(fn) if fn is not None else None
     if layer is None:
         if table is not None:
             logger.warning("fused-mlp: %s is in the table as %s but its forward no longer matches; not tagged",
