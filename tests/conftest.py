@@ -49,11 +49,6 @@ def fused_mlp():
     return get_kernel(REPO_ID, version=1)
 
 
-@pytest.fixture
-def device():
-    return "cuda" if HAS_CUDA else "cpu"
-
-
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64; NaN anywhere fails every bound."""
     out = out.double()

@@ -218,6 +218,7 @@ def test_named_op_errors(fused_mlp, device):
         fused_mlp.gelu_tanh_and_mul(torch.empty(4, 4, device=device, dtype=torch.bfloat16), x)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_raw_op_rejects_unknown_activation_id(fused_mlp, device):
     if not act_and_mul_module(fused_mlp).has_compiled_kernel("act_and_mul", torch.device(device)):
         pytest.skip(f"this build has no compiled {device} kernel")

@@ -244,25 +244,6 @@ def test_cpu_torch_compile_fullgraph(fused_mlp):
     check(g(p["x"]), ref_plain(fused_mlp, p, "gelu", "conv1d"), TOL[torch.float32], "compiled mlp")
 
 
-@pytest.mark.parametrize("act", ACTS)
-def test_gradcheck_float64(fused_mlp, act):
-    fm = fused_mlp
-    t = make_gated(3, 4, 5, 3, torch.float64, "cpu", True, seed=1)
-    args = [t[k].requires_grad_() for k in ("x", "gate_weight", "up_weight", "down_weight",
-                                             "gate_bias", "up_bias", "down_bias")]
-
-    def gated(x, wg, wu, wd, bg, bu, bd):
-        return fm.gated_mlp(x, wg, wu, wd, act, gate_bias=bg, up_bias=bu, down_bias=bd)
-
-    assert torch.autograd.gradcheck(gated, args)
-    gu = torch.cat([t["gate_weight"], t["up_weight"]]).detach().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, w, wd: fm.gated_mlp_packed(x, w, wd, act), (args[0], gu, args[3]))
-    for layout in ("linear", "conv1d"):
-        p = make_plain(3, 4, 5, 3, torch.float64, "cpu", True, layout, seed=2)
-        pargs = [p[k].requires_grad_() for k in ("x", "fc_weight", "fc_bias", "proj_weight", "proj_bias")]
-        assert torch.autograd.gradcheck(lambda *a: fm.mlp(*a, act, layout), pargs)
-
-
 # ----------------------------------------------------------------------------- CPU: Triton interpreter
 
 @pytest.fixture

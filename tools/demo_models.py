@@ -169,11 +169,14 @@ def run(fm, device: str, timing: bool | None = None) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cache", type=Path, default=ROOT / ".hub-cache", help="local Hub cache (offline)")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="local Hub cache (offline); default: $KERNELS_CACHE, else .hub-cache/")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--no-timing", action="store_true")
     a = p.parse_args()
-    os.environ.setdefault("KERNELS_CACHE", str(a.cache))
+    if a.cache is not None:
+        os.environ["KERNELS_CACHE"] = str(a.cache)
+    os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from kernels import get_kernel
 
