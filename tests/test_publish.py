@@ -466,3 +466,17 @@ def test_refuses_partial_variant(publish_mod, tmp_path, capsys, breakage, messag
     assert v.name in err
     assert "torch212-cxx11-cpu-x86_64-linux" not in err  # the complete one is not blamed
     assert hub.requests == []
+
+
+def test_card_separates_runner_output_from_own_results(publish_mod, bench_dir):
+    """`kernels benchmark` output becomes table rows; the project's own bench_*.py results
+    (another format) are listed as files, never as empty rows of that table."""
+    (bench_dir / "results" / "act_and_mul_h200.json").write_text(json.dumps({"gpu": "NVIDIA H200", "rows": []}))
+    files = publish_mod.collect_benchmarks(bench_dir)
+    conf = {"general": {"name": "fused-mlp", "version": VERSION, "license": "Apache-2.0"}}
+    card = publish_mod.kernel_card(conf, REPO_ID, [], files).decode()
+    assert "| Act.silu | NVIDIA H200 |" in card
+    assert "not a `kernels benchmark` result" not in card
+    own = card.split("## Measurements against other implementations", 1)
+    assert len(own) == 2 and "- `benchmarks/results/act_and_mul_h200.json`" in own[1]
+    assert "h200.json`" not in own[1].replace("act_and_mul_h200.json", "")

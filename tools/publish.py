@@ -37,6 +37,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -232,23 +233,31 @@ def _variant_row(v: Variant) -> str:
     return f"| `{v.name}` | {torch_v} | {be_s} | {archs} | `{v.metadata.get('id', '')}` |"
 
 
+def _runner_output(f: LocalFile) -> Optional[dict]:
+    """The payload of a `kernels benchmark --output` file (results[], machineInfo), else None
+    (the project's own bench_*.py results, or an unreadable file)."""
+    try:
+        data = json.loads(f.local.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("results"), list):
+        return data
+    return None
+
+
+def _result_files(bench_files: list[LocalFile]) -> list[LocalFile]:
+    return [f for f in bench_files if f.path_in_repo.startswith("benchmarks/results/")]
+
+
 def benchmark_tables(bench_files: list[LocalFile]) -> list[str]:
-    """Rows from `kernels benchmark --output` payloads (results[], machineInfo)."""
+    """Rows from `kernels benchmark --output` payloads; other result files give no row."""
     lines: list[str] = []
-    for f in bench_files:
-        if not f.path_in_repo.startswith("benchmarks/results/"):
+    for f in _result_files(bench_files):
+        data = _runner_output(f)
+        if data is None:
             continue
-        try:
-            data = json.loads(f.local.read_text())
-        except Exception as e:  # noqa: BLE001
-            lines.append(f"| `{f.local.name}` | (unreadable: {e}) | | | | | |")
-            continue
-        mi = data.get("machineInfo", {}) if isinstance(data, dict) else {}
-        results = data.get("results") if isinstance(data, dict) else None
-        if not isinstance(results, list):
-            lines.append(f"| `{f.local.name}` | (not a `kernels benchmark` result) | | | | | |")
-            continue
-        for r in results:
+        mi = data.get("machineInfo", {})
+        for r in data["results"]:
             t = r.get("timingResults", {})
             ver = {True: "yes", False: "no"}.get(r.get("verified"), "-")
             mean = t.get("mean_ms")
@@ -319,6 +328,13 @@ def kernel_card(conf: dict, repo_id: str, variants: list[Variant], bench_files: 
     elif any(f.path_in_repo.startswith("benchmarks/") for f in bench_files):
         lines += ["## Benchmarks", "",
                   f"Run them with `kernels benchmark {repo_id} --version {version}`.", ""]
+    own = [f.path_in_repo for f in _result_files(bench_files) if _runner_output(f) is None]
+    if own:
+        lines += ["## Measurements against other implementations", "",
+                  "Written by the project's own scripts (`benchmarks/bench_*.py`: fused-mlp against "
+                  "eager PyTorch, torch.compile and Liger in the same process; the build matrix report "
+                  "of `tools/build_matrix.py`), each with its date, machine and versions:", "",
+                  *[f"- `{name}`" for name in own], ""]
     lines += [
         "## License",
         "",
