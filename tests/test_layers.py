@@ -58,6 +58,16 @@ def gated_ref(m, x, act_attr="act_fn"):
 # ----------------------------------------------------------------------------- hub rules
 
 
+def test_layer_lists_agree(fused_mlp):
+    """Every layer class is listed, has a structure check (else it is never kernelized) and,
+    for MLP layers, templates in the mapping."""
+    L = fused_mlp.layers
+    classes = {n for n in L.__all__ if isinstance(getattr(L, n), type) and issubclass(getattr(L, n), nn.Module)}
+    assert classes == set(L.MLP_LAYERS) | set(L.ACTIVATION_LAYERS)
+    assert set(L._STRUCTURE) == classes
+    assert set(fused_mlp.mapping.TEMPLATES) == set(L.MLP_LAYERS)
+
+
 def test_layers_follow_kernel_hub_rules(fused_mlp):
     from kernels.layer.layer import _validate_layer
 

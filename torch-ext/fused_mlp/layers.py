@@ -231,6 +231,26 @@ def _linear_tensors(*mods):
 # ----------------------------------------------------------------------------- gated MLPs
 
 
+def _gated_fused(x, gate, up, down, act: Optional[str]):
+    """gated_mlp on the projections' weights, or None when the fused path does not apply."""
+    if act is None or not (_is_linear(gate) and _is_linear(up) and _is_linear(down)):
+        return None
+    if not _tensors_ok(x, _linear_tensors(gate, up, down)):
+        return None
+    return gated_mlp(x, gate.weight, up.weight, down.weight, act,
+                     gate_bias=gate.bias, up_bias=up.bias, down_bias=down.bias)
+
+
+def _packed_fused(x, gate_up, down, act: Optional[str]):
+    """gated_mlp_packed on a [2H, D] projection, or None when the fused path does not apply."""
+    if act is None or not (_is_linear(gate_up) and _is_linear(down)) or gate_up.weight.shape[0] % 2:
+        return None
+    if not _tensors_ok(x, _linear_tensors(gate_up, down)):
+        return None
+    return gated_mlp_packed(x, gate_up.weight, down.weight, act, gate_up_bias=gate_up.bias, down_bias=down.bias)
+
+
+
 class GatedMLP(nn.Module):
     """down_proj(act_fn(gate_proj(x)) * up_proj(x)): Llama, Mistral, Qwen2/3, Gemma 1/2/3,
     OLMo, Granite, SmolLM3, Cohere and every other transformers MLP of that form."""
@@ -244,20 +264,10 @@ class GatedMLP(nn.Module):
     has_backward = True
 
     def forward(self, x):
-        act = activation_name(self.act_fn)
-        g, u, d = self.gate_proj, self.up_proj, self.down_proj
-        if (
-            act is not None
-            and _is_linear(g)
-            and _is_linear(u)
-            and _is_linear(d)
-            and _tensors_ok(x, _linear_tensors(g, u, d))
-        ):
+        y = _gated_fused(x, self.gate_proj, self.up_proj, self.down_proj, activation_name(self.act_fn))
+        if y is not None:
             _fused("GatedMLP")
-            return gated_mlp(
-                x, g.weight, u.weight, d.weight, act,
-                gate_bias=g.bias, up_bias=u.bias, down_bias=d.bias,
-            )
+            return y
         _original("GatedMLP")
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
@@ -274,19 +284,10 @@ class PackedGatedMLP(nn.Module):
     has_backward = True
 
     def forward(self, hidden_states):
-        act = activation_name(self.activation_fn)
-        gu, d = self.gate_up_proj, self.down_proj
-        if (
-            act is not None
-            and _is_linear(gu)
-            and _is_linear(d)
-            and gu.weight.shape[0] % 2 == 0
-            and _tensors_ok(hidden_states, _linear_tensors(gu, d))
-        ):
+        y = _packed_fused(hidden_states, self.gate_up_proj, self.down_proj, activation_name(self.activation_fn))
+        if y is not None:
             _fused("PackedGatedMLP")
-            return gated_mlp_packed(
-                hidden_states, gu.weight, d.weight, act, gate_up_bias=gu.bias, down_bias=d.bias
-            )
+            return y
         _original("PackedGatedMLP")
         up_states = self.gate_up_proj(hidden_states)
         gate, up_states = up_states.chunk(2, dim=-1)
@@ -305,13 +306,10 @@ class Lfm2MLP(nn.Module):
     has_backward = True
 
     def forward(self, x):
-        w1, w2, w3 = self.w1, self.w2, self.w3
-        if _is_linear(w1) and _is_linear(w2) and _is_linear(w3) and _tensors_ok(x, _linear_tensors(w1, w3, w2)):
+        y = _gated_fused(x, self.w1, self.w3, self.w2, "silu")
+        if y is not None:
             _fused("Lfm2MLP")
-            return gated_mlp(
-                x, w1.weight, w3.weight, w2.weight, "silu",
-                gate_bias=w1.bias, up_bias=w3.bias, down_bias=w2.bias,
-            )
+            return y
         _original("Lfm2MLP")
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
@@ -328,20 +326,10 @@ class Llama4TextMLP(nn.Module):
     has_backward = True
 
     def forward(self, x):
-        act = activation_name(self.activation_fn)
-        g, u, d = self.gate_proj, self.up_proj, self.down_proj
-        if (
-            act is not None
-            and _is_linear(g)
-            and _is_linear(u)
-            and _is_linear(d)
-            and _tensors_ok(x, _linear_tensors(g, u, d))
-        ):
+        y = _gated_fused(x, self.gate_proj, self.up_proj, self.down_proj, activation_name(self.activation_fn))
+        if y is not None:
             _fused("Llama4TextMLP")
-            return gated_mlp(
-                x, g.weight, u.weight, d.weight, act,
-                gate_bias=g.bias, up_bias=u.bias, down_bias=d.bias,
-            )
+            return y
         _original("Llama4TextMLP")
         down_proj = self.activation_fn(self.gate_proj(x)) * self.up_proj(x)
         return self.down_proj(down_proj)
@@ -361,21 +349,11 @@ class SeedOssMLP(nn.Module):
     has_backward = True
 
     def forward(self, x):
-        act = activation_name(self.act_fn)
-        g, u, d = self.gate_proj, self.up_proj, self.down_proj
-        if (
-            act is not None
-            and (not self.training or self.residual_dropout == 0)
-            and _is_linear(g)
-            and _is_linear(u)
-            and _is_linear(d)
-            and _tensors_ok(x, _linear_tensors(g, u, d))
-        ):
-            _fused("SeedOssMLP")
-            return gated_mlp(
-                x, g.weight, u.weight, d.weight, act,
-                gate_bias=g.bias, up_bias=u.bias, down_bias=d.bias,
-            )
+        if not self.training or self.residual_dropout == 0:
+            y = _gated_fused(x, self.gate_proj, self.up_proj, self.down_proj, activation_name(self.act_fn))
+            if y is not None:
+                _fused("SeedOssMLP")
+                return y
         _original("SeedOssMLP")
         down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
         down_proj = nn.functional.dropout(down_proj, p=self.residual_dropout, training=self.training)
@@ -394,17 +372,10 @@ class GraniteMoeSharedMLP(nn.Module):
     has_backward = True
 
     def forward(self, hidden_states):
-        act = activation_name(self.activation)
-        i, o = self.input_linear, self.output_linear
-        if (
-            act is not None
-            and _is_linear(i)
-            and _is_linear(o)
-            and i.weight.shape[0] % 2 == 0
-            and _tensors_ok(hidden_states, _linear_tensors(i, o))
-        ):
+        y = _packed_fused(hidden_states, self.input_linear, self.output_linear, activation_name(self.activation))
+        if y is not None:
             _fused("GraniteMoeSharedMLP")
-            return gated_mlp_packed(hidden_states, i.weight, o.weight, act, gate_up_bias=i.bias, down_bias=o.bias)
+            return y
         _original("GraniteMoeSharedMLP")
         hidden_states = self.input_linear(hidden_states)
         chunked_hidden_states = hidden_states.chunk(2, dim=-1)
@@ -683,12 +654,9 @@ _STRUCTURE = {
     "GeluTanhAndMul": (),
 }
 
-MLP_LAYERS: tuple[str, ...] = (
-    "GatedMLP", "PackedGatedMLP", "Lfm2MLP", "Llama4TextMLP", "SeedOssMLP", "GraniteMoeSharedMLP",
-    "UpDownMLP", "Fc1Fc2MLP", "Qwen3VLVisionMLP", "GPTNeoXMLP", "GPT2MLP", "GPTJMLP", "Starcoder2MLP",
-    "BertIntermediate",
-)
 ACTIVATION_LAYERS: tuple[str, ...] = ("SiluAndMul", "GeluAndMul", "GeluTanhAndMul")
+# Every layer has an entry in _STRUCTURE (a layer without one would never be kernelized).
+MLP_LAYERS: tuple[str, ...] = tuple(name for name in _STRUCTURE if name not in ACTIVATION_LAYERS)
 
 
 def supports(module: nn.Module, layer_name: str) -> bool:
