@@ -373,22 +373,17 @@ def gated_mlp_packed(
             f"got shape {tuple(getattr(gate_up_weight, 'shape', ()))}"
         )
     h = gate_up_weight.shape[0] // 2
-    gate_b = up_b = None
-    if gate_up_bias is not None:
-        if not isinstance(gate_up_bias, torch.Tensor) or tuple(gate_up_bias.shape) != (2 * h,):
-            raise ValueError(f"gate_up_bias must have shape ({2 * h},), got {tuple(getattr(gate_up_bias, 'shape', ()))}")
-        gate_b, up_b = gate_up_bias[:h], gate_up_bias[h:]
+    if gate_up_bias is not None and (not isinstance(gate_up_bias, torch.Tensor)
+                                     or tuple(gate_up_bias.shape) != (2 * h,)):
+        raise ValueError(f"gate_up_bias must have shape ({2 * h},), got {tuple(getattr(gate_up_bias, 'shape', ()))}")
+    wg, wu, gate_b, up_b = dispatch.split_gate_up(gate_up_weight, None, gate_up_bias, None)
     if _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
         act = canonical_activation(activation)
-        _check_gated(x, gate_up_weight[:h], gate_up_weight[h:], down_weight, gate_b, up_b, down_bias)
+        _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
         train = _GatedTrain.apply if _run_direct(x) else _gated_mlp_train_op
-        y, _, _ = train(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias,
-                                      bool(recompute))
+        y, _, _ = train(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias, bool(recompute))
         return y
-    return gated_mlp(
-        x, gate_up_weight[:h], gate_up_weight[h:], down_weight, activation,
-        gate_bias=gate_b, up_bias=up_b, down_bias=down_bias,
-    )
+    return gated_mlp(x, wg, wu, down_weight, activation, gate_bias=gate_b, up_bias=up_b, down_bias=down_bias)
 
 
 # ----------------------------------------------------------------------------- plain MLP
