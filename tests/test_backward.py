@@ -513,10 +513,12 @@ def test_interpret_edge_shapes(interpret):
                 "expanded dy, plain")
 
 
-def test_interpret_kernels(interpret):
+@pytest.mark.parametrize("prefetch", ["1", "0"])
+def test_interpret_kernels(interpret, monkeypatch, prefetch):
     """The kernels one by one: the forward storing pre-activations, the dh kernel (gated and
-    plain, in place, with h, weights through [K, N] and [N, K] strides, uneven K), the dual
-    GEMM (accumulating)."""
+    plain, in place, with h, weights through [K, N] and [N, K] strides, uneven K; its
+    epilogue's loads before or after the tile loop), the dual GEMM (accumulating)."""
+    monkeypatch.setenv("FUSED_MLP_BWD_PREFETCH", prefetch)
     tg = module(interpret, "triton_gemm").interpreted_module()
     ids = interpret.activations.ACTIVATION_IDS
     acts = interpret.activations
@@ -615,11 +617,12 @@ def _aot_compile(fn, types: dict, consts: dict, cap: int, num_warps: int, num_st
     return regs, stack, k.metadata.shared
 
 
+@pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("cap", [90, 80])
-def test_aot_compile_backward_kernels(fused_mlp, cap):
+def test_aot_compile_backward_kernels(fused_mlp, cap, prefetch):
     """The backward's kernels compile for sm_90 and sm_80 without a GPU, within the shared
     memory of an H100 / A100; the default dh-kernel config (gated epilogue, in two column
-    halves) does not spill."""
+    halves, its loads before or after the tile loop) does not spill."""
     pytest.importorskip("triton")
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
@@ -634,7 +637,8 @@ def test_aot_compile_backward_kernels(fused_mlp, cap):
         for i, cfg in enumerate(tg._BWD_CONFIGS["large"][:2]):
             for bwd, act in ((2, "silu"), (2, "gelu_tanh"), (1, "gelu_tanh")):
                 consts = dict(GATED=False, ACTIVATION=fused_mlp.activations.ACTIVATION_IDS[act], HAS_B1=False,
-                              HAS_B2=False, STORE_PRE=False, BWD=bwd, STORE_H=False, SUBTILE=True, EVEN_K=True,
+                              HAS_B2=False, STORE_PRE=False, BWD=bwd, STORE_H=False, SUBTILE=True, PREFETCH=prefetch,
+                              EVEN_K=True,
                               DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                               GROUP_M=cfg.group_m, **unit)
                 regs, stack, smem = _aot_compile(tg._fused_linear_kernel, ptrs, consts, cap, cfg.num_warps,
@@ -644,7 +648,7 @@ def test_aot_compile_backward_kernels(fused_mlp, cap):
                     assert stack == 0, f"dh kernel {cfg} BWD={bwd} {act}: {regs} registers, {stack} bytes of stack"
         cfg = tg._GATED_CONFIGS["large"][0]
         consts = dict(GATED=True, ACTIVATION=1, HAS_B1=True, HAS_B2=True, STORE_PRE=True, BWD=0, STORE_H=False,
-                      SUBTILE=False, EVEN_K=False, DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      SUBTILE=False, PREFETCH=False, EVEN_K=False, DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, stride_xk=1, stride_w1k=1, stride_w2k=1,
                       stride_on=1, stride_pn=1, stride_hn=1)
         assert _aot_compile(tg._fused_linear_kernel, ptrs, consts, cap, cfg.num_warps, cfg.num_stages)[2] <= smem_limit
@@ -680,7 +684,7 @@ def gpu(fused_mlp, monkeypatch):
     """The compiled Triton path, one untimed config per shape (fewer compilations)."""
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     for name in ("FUSED_MLP_INTERPRET", "TRITON_INTERPRET", "FUSED_MLP_BWD_DX", "FUSED_MLP_RECOMPUTE_CHUNK_MB",
-                 "FUSED_MLP_BACKWARD", "FUSED_MLP_BWD_SUBTILE"):
+                 "FUSED_MLP_BACKWARD", "FUSED_MLP_BWD_SUBTILE", "FUSED_MLP_BWD_PREFETCH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
     assert fused_mlp.dispatch.backward_choice(torch.zeros(4, 8, device="cuda"), "gated").path == "triton"
@@ -774,10 +778,15 @@ def test_gpu_every_backward_config(fused_mlp, dtype, monkeypatch):
     a = _rand(m, 2 * n, dtype=dtype, device="cuda", gen=g)
     w1, w2 = _rand(n, d, dtype=dtype, device="cuda", gen=g), _rand(n, d, dtype=dtype, device="cuda", gen=g)
     want_dual = (a[:, :n].double() @ w1.double() + a[:, n:].double() @ w2.double()).cpu()
+    monkeypatch.delenv("FUSED_MLP_BWD_PREFETCH", raising=False)
     ran = 0
     for table in tg._BWD_CONFIGS.values():
         table = table[:1] if dtype == torch.float32 else table
-        for cfg in [c._replace(tma=on) for c in table for on in tma]:
+        # every config with the default epilogue, the first of each class also with the other
+        runs = [(c._replace(tma=on), None) for c in table for on in tma] + [(table[0], "other")]
+        for cfg, prefetch in runs:
+            if prefetch == "other":
+                monkeypatch.setenv("FUSED_MLP_BWD_PREFETCH", "0" if tg._env_flag("FUSED_MLP_BWD_PREFETCH") else "1")
             if dtype == torch.float32:
                 cfg = cfg._replace(block_k=max(16, cfg.block_k // 2))
             out = torch.full_like(pre, float("nan"))
@@ -786,7 +795,9 @@ def test_gpu_every_backward_config(fused_mlp, dtype, monkeypatch):
                 torch.cuda.synchronize()
             except OutOfResources:
                 continue
-            assert rel_err(out.cpu(), want) <= _gpu_tol(dtype), f"dh kernel {cfg}"
+            finally:
+                monkeypatch.delenv("FUSED_MLP_BWD_PREFETCH", raising=False)
+            assert rel_err(out.cpu(), want) <= _gpu_tol(dtype), f"dh kernel {cfg} prefetch {prefetch}"
             ran += 1
     for cfg in tg._PLAIN_CONFIGS["large"][: 2 if dtype == torch.float32 else None]:
         if dtype == torch.float32:

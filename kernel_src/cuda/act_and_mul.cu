@@ -193,17 +193,45 @@ __global__ void __launch_bounds__(kBlockThreads)
 // benchmarks/results/act_and_mul_variants_h200.txt).
 constexpr int kFlatThreads = 128;
 
-template <typename T, Activation A>
+// Division of 32-bit indices by a divisor fixed at launch, as a multiply-high and a
+// shift (the round-up method of Granlund and Montgomery): exact for 0 <= n < 2^31 and
+// 1 <= d < 2^31. The host works out (magic, shift) once; the kernel then needs two
+// instructions per division instead of the ~20 of a division by a runtime value.
+struct Divisor32 {
+  uint32_t magic;
+  uint32_t shift;
+};
+
+Divisor32 make_divisor32(uint32_t d) {
+  uint32_t shift = 0;
+  while ((uint64_t{1} << shift) < d) ++shift;  // ceil(log2(d))
+  const uint64_t magic = ((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1;
+  return {static_cast<uint32_t>(magic), shift};
+}
+
+__device__ __forceinline__ uint32_t divide(uint32_t n, Divisor32 d) {
+  return (__umulhi(n, d.magic) + n) >> d.shift;  // n < 2^31: the sum cannot wrap
+}
+
+// Index: int64_t in general; uint32_t when the input has fewer than 2^31 elements (every
+// offset below then fits), with the row found through a Divisor32 as Inductor's kernels
+// index in 32 bits. Measured on the H200: see benchmarks/NOTES.md, session 4.
+template <typename T, Activation A, typename Index>
 __global__ void __launch_bounds__(kFlatThreads)
-    act_and_mul_flat_kernel(T* __restrict__ out, const T* __restrict__ in, int64_t accesses,
-                            int64_t per_row) {
+    act_and_mul_flat_kernel(T* __restrict__ out, const T* __restrict__ in, Index accesses,
+                            Index per_row, Divisor32 per_row_div) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   using Acc = Access<T, kVec>;
   // One access per thread: the grid covers the output (the launch checks it fits).
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kFlatThreads + threadIdx.x;
+  const Index i = static_cast<Index>(blockIdx.x) * kFlatThreads + threadIdx.x;
   if (i >= accesses) return;
-  const int64_t row = i / per_row;
-  const int64_t col = i - row * per_row;
+  Index row;
+  if constexpr (std::is_same_v<Index, uint32_t>) {
+    row = divide(i, per_row_div);
+  } else {
+    row = i / per_row;
+  }
+  const Index col = i - row * per_row;
   const T* gate = in + (row * 2 * per_row + col) * kVec;
   const auto g = Acc::load(gate);
   const auto u = Acc::load(gate + per_row * kVec);
@@ -288,8 +316,15 @@ void launch_for_layout(T* out, const T* in, int64_t rows, int64_t d, cudaStream_
     // 2^31 - 1 blocks of 128 accesses: 4 TiB of output, more than any GPU holds.
     FUSED_MLP_CHECK(grid <= std::numeric_limits<int32_t>::max(), "fused_mlp: act_and_mul: out has ", accesses * kVec,
                     " elements, more than the kernel supports (", int64_t{std::numeric_limits<int32_t>::max()} * kFlatThreads * kVec, ")");
-    act_and_mul_flat_kernel<T, A><<<static_cast<unsigned>(grid), kFlatThreads, 0, stream>>>(
-        out, in, accesses, d / kVec);
+    const int64_t per_row = d / kVec;
+    if (rows * 2 * d < (int64_t{1} << 31)) {  // every element offset of the input fits in 31 bits
+      act_and_mul_flat_kernel<T, A, uint32_t><<<static_cast<unsigned>(grid), kFlatThreads, 0, stream>>>(
+          out, in, static_cast<uint32_t>(accesses), static_cast<uint32_t>(per_row),
+          make_divisor32(static_cast<uint32_t>(per_row)));
+    } else {
+      act_and_mul_flat_kernel<T, A, int64_t><<<static_cast<unsigned>(grid), kFlatThreads, 0, stream>>>(
+          out, in, accesses, per_row, Divisor32{});
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else if (aligned) {
     launch<T, kVec, kVectorUnroll, A>(out, in, rows, d, stream);

@@ -156,12 +156,15 @@ def _tile_coords(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl
 @triton.jit
 def _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
               stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
+              z0, u0, z1, u1,
               GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr,
               STORE_PRE: tl.constexpr, BWD: tl.constexpr, STORE_H: tl.constexpr, SUBTILE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+              PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """In fp32 on the accumulators. Forward (BWD=0): bias, activation, gate * up, the store
     (and the pre-activations with STORE_PRE). Backward (BWD=1 plain, 2 gated): acc1 is dh;
-    multiply by the activation's derivative at the saved pre-activations."""
+    multiply by the activation's derivative at the saved pre-activations, which are
+    z0, u0 (and the second column half's z1, u1 with SUBTILE) when PREFETCH loaded them
+    before the tile loop (_bwd_prefetch), and are loaded here otherwise."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if BWD == 0:
@@ -186,29 +189,70 @@ def _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
         # (dh, u, act(g), act'(g) of a whole 128 x 128 tile spill on 8 warps).
         dh0, dh1 = tl.split(tl.permute(tl.reshape(acc1, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
         offs_n0 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
-        _bwd_epilogue(dh0, out_ptr, pre_ptr, h_ptr, offs_m, offs_n0, M, N, stride_om, stride_on,
-                      stride_pm, stride_pn, stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
-        _bwd_epilogue(dh1, out_ptr, pre_ptr, h_ptr, offs_m, offs_n0 + BLOCK_N // 2, M, N, stride_om, stride_on,
-                      stride_pm, stride_pn, stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
+        if not PREFETCH:
+            z0, u0 = _bwd_load(pre_ptr, offs_m, offs_n0, M, N, stride_pm, stride_pn, BWD)
+        _bwd_epilogue(dh0, z0, u0, out_ptr, h_ptr, offs_m, offs_n0, M, N, stride_om, stride_on,
+                      stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
+        if not PREFETCH:
+            z1, u1 = _bwd_load(pre_ptr, offs_m, offs_n0 + BLOCK_N // 2, M, N, stride_pm, stride_pn, BWD)
+        _bwd_epilogue(dh1, z1, u1, out_ptr, h_ptr, offs_m, offs_n0 + BLOCK_N // 2, M, N, stride_om, stride_on,
+                      stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
     else:
-        _bwd_epilogue(acc1, out_ptr, pre_ptr, h_ptr, offs_m, offs_n, M, N, stride_om, stride_on,
-                      stride_pm, stride_pn, stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
+        if not PREFETCH:
+            z0, u0 = _bwd_load(pre_ptr, offs_m, offs_n, M, N, stride_pm, stride_pn, BWD)
+        _bwd_epilogue(acc1, z0, u0, out_ptr, h_ptr, offs_m, offs_n, M, N, stride_om, stride_on,
+                      stride_hm, stride_hn, ACTIVATION, BWD, STORE_H)
 
 
 @triton.jit
-def _bwd_epilogue(dh, out_ptr, pre_ptr, h_ptr, offs_m, offs_n, M, N, stride_om, stride_on,
-                  stride_pm, stride_pn, stride_hm, stride_hn,
+def _bwd_load(pre_ptr, offs_m, offs_n, M, N, stride_pm, stride_pn, BWD: tl.constexpr):
+    """The saved pre-activations of one backward tile, in their storage dtype: z (g, or
+    the plain MLP's pre) and, gated, u (= z otherwise). Masked loads, not wrapped rows: in
+    place, a wrapped row may already hold gradients."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    pre_ptrs = pre_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
+    z = tl.load(pre_ptrs, mask=mask, other=0.0)
+    u = z
+    if BWD == 2:
+        u = tl.load(pre_ptrs + N * stride_pn, mask=mask, other=0.0)
+    return z, u
+
+
+@triton.jit
+def _bwd_prefetch(pre_ptr, pid_m, pid_n, M, N, stride_pm, stride_pn, placeholder,
+                  BWD: tl.constexpr, SUBTILE: tl.constexpr, PREFETCH: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Backward with PREFETCH: the epilogue's pre-activation tiles, loaded before the tile
+    loop so that their DRAM latency hides behind it (z0, u0, z1, u1 as _epilogue takes
+    them; `placeholder` for what is not loaded)."""
+    z0 = placeholder
+    u0 = placeholder
+    z1 = placeholder
+    u1 = placeholder
+    if BWD != 0:
+        if PREFETCH:
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            if SUBTILE:
+                offs_n0 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 2)
+                z0, u0 = _bwd_load(pre_ptr, offs_m, offs_n0, M, N, stride_pm, stride_pn, BWD)
+                z1, u1 = _bwd_load(pre_ptr, offs_m, offs_n0 + BLOCK_N // 2, M, N, stride_pm, stride_pn, BWD)
+            else:
+                offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+                z0, u0 = _bwd_load(pre_ptr, offs_m, offs_n, M, N, stride_pm, stride_pn, BWD)
+    return z0, u0, z1, u1
+
+
+@triton.jit
+def _bwd_epilogue(dh, z, u, out_ptr, h_ptr, offs_m, offs_n, M, N, stride_om, stride_on,
+                  stride_hm, stride_hn,
                   ACTIVATION: tl.constexpr, BWD: tl.constexpr, STORE_H: tl.constexpr):
-    """dh times the activation's derivative at the saved pre-activations, for one tile."""
+    """dh times the activation's derivative at the saved pre-activations z (and u), for one
+    tile. In place (out is pre) the tile's pre-activations were loaded before this."""
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    pre_ptrs = pre_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
-    # Masked loads, not wrapped rows: in place, a wrapped row may already hold gradients.
-    # Every load of a tile comes before its stores (in place, out is pre).
-    z = tl.load(pre_ptrs, mask=mask, other=0.0).to(tl.float32)
-    a, da = _activation_and_grad(z, ACTIVATION)
+    a, da = _activation_and_grad(z.to(tl.float32), ACTIVATION)
     if BWD == 2:
-        u = tl.load(pre_ptrs + N * stride_pn, mask=mask, other=0.0).to(tl.float32)
+        u = u.to(tl.float32)
         if STORE_H:
             h_ptrs = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :] * stride_hn
             tl.store(h_ptrs, (a * u).to(h_ptr.dtype.element_ty), mask=mask)
@@ -239,6 +283,7 @@ def _fused_linear_kernel(
     BWD: tl.constexpr,  # 0 forward; 1 / 2: backward epilogue, plain / gated (GATED is then False)
     STORE_H: tl.constexpr,  # backward: also store h
     SUBTILE: tl.constexpr,  # backward: the epilogue in two column halves (fewer live registers)
+    PREFETCH: tl.constexpr,  # backward: load the epilogue's pre-activations before the tile loop
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K mask
     DOT_PRECISION: tl.constexpr,  # "tf32" or "ieee" (fp32 inputs only)
     BLOCK_M: tl.constexpr,
@@ -262,6 +307,8 @@ def _fused_linear_kernel(
     if GATED:
         w2_ptrs = w2_ptr + offs_k[:, None] * stride_w2k + rn[None, :] * stride_w2n
         acc2 = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    z0, u0, z1, u1 = _bwd_prefetch(pre_ptr, pid_m, pid_n, M, N, stride_pm, stride_pn, acc1,
+                                   BWD, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
     for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         if EVEN_K:
             a = tl.load(x_ptrs)
@@ -283,7 +330,8 @@ def _fused_linear_kernel(
 
     _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
               stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
-              GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, BLOCK_M, BLOCK_N)
+              z0, u0, z1, u1,
+              GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -301,6 +349,7 @@ def _fused_linear_kernel_tma(
     BWD: tl.constexpr,
     STORE_H: tl.constexpr,
     SUBTILE: tl.constexpr,
+    PREFETCH: tl.constexpr,
     W_KN: tl.constexpr,  # weights stored [K, N] (Conv1D) rather than [N, K] (nn.Linear)
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -317,6 +366,8 @@ def _fused_linear_kernel_tma(
     acc2 = acc1
     if GATED:
         acc2 = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    z0, u0, z1, u1 = _bwd_prefetch(pre_ptr, pid_m, pid_n, M, N, stride_pm, stride_pn, acc1,
+                                   BWD, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
     for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         off_k = k * BLOCK_K
         a = x_desc.load([off_m, off_k])
@@ -331,7 +382,8 @@ def _fused_linear_kernel_tma(
 
     _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
               stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
-              GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, BLOCK_M, BLOCK_N)
+              z0, u0, z1, u1,
+              GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -573,6 +625,7 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
         GATED=gated, ACTIVATION=activation_id, HAS_B1=has_b1, HAS_B2=has_b2,
         STORE_PRE=bwd == FWD and pre is not None, BWD=bwd, STORE_H=bwd != FWD and h is not None,
         SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
+        PREFETCH=bwd != FWD and _env_flag("FUSED_MLP_BWD_PREFETCH"),
         DOT_PRECISION=_dot_precision(x.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -765,7 +818,8 @@ def _planned(x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool, b1: Option
                    None if pre is None else (pre.stride(), pre.data_ptr() % 16),
                    None if h is None else (h.stride(), h.data_ptr() % 16),
                    os.environ.get("FUSED_MLP_TMA"), os.environ.get("FUSED_MLP_AUTOTUNE"),
-                   os.environ.get("FUSED_MLP_BWD_SUBTILE") if bwd != FWD else None,
+                   (os.environ.get("FUSED_MLP_BWD_SUBTILE"), os.environ.get("FUSED_MLP_BWD_PREFETCH"))
+                   if bwd != FWD else None,
                    torch.backends.cuda.matmul.allow_tf32 if dt == torch.float32 else None)
             plan = _PLANS.get(key)
             if plan is not None:
