@@ -62,3 +62,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """An output buffer full of NaN, so that an unwritten element fails the check."""
     return torch.full_like(t, float("nan"))
+
+
+def kernel_variants(cfg, tma_flags) -> list:
+    """A Triton tile config as each kernel flavour the GPU test runs: pointer loads, and with
+    True in tma_flags also TMA loads and the persistent TMA kernel."""
+    out = [cfg._replace(tma=False)]
+    if True in tma_flags:
+        out += [cfg._replace(tma=True), cfg._replace(tma=True, persistent=True)]
+    return out
+

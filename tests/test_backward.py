@@ -30,7 +30,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rel_err
+from conftest import kernel_variants, rel_err
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float64: 1e-12}
@@ -783,7 +783,7 @@ def test_gpu_every_backward_config(fused_mlp, dtype, monkeypatch):
     for table in tg._BWD_CONFIGS.values():
         table = table[:1] if dtype == torch.float32 else table
         # every config with the default epilogue, the first of each class also with the other
-        runs = [(c._replace(tma=on), None) for c in table for on in tma] + [(table[0], "other")]
+        runs = [(v, None) for c in table for v in kernel_variants(c, tma)] + [(table[0], "other")]
         for cfg, prefetch in runs:
             if prefetch == "other":
                 monkeypatch.setenv("FUSED_MLP_BWD_PREFETCH", "0" if tg._env_flag("FUSED_MLP_BWD_PREFETCH") else "1")

@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import kernel_variants, rel_err
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 # Relative (Frobenius) error bounds against the float64 reference.
@@ -258,9 +258,9 @@ def interpret(fused_mlp, monkeypatch):
 INTERP_DTYPES = [torch.float32, torch.float16]
 
 
-@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("tma", [False, True, "persistent"])
 @pytest.mark.parametrize("kind", ["gated", "plain", "plain_kn", "bwd_plain", "bwd_gated"])
-def test_launch_plan_matches_kernel_signature(fused_mlp, tma, kind):
+def test_launch_plan_matches_kernel_signature(fused_mlp, monkeypatch, tma, kind):
     """A launch plan's argument layout (8 tensors, then `ints`, then the compile-time values
     in `tail`) is exactly its kernel's parameter list: the direct launcher of later calls
     (CompiledKernel[grid]) takes every argument by position, so a kernel signature edit
@@ -277,7 +277,8 @@ def test_launch_plan_matches_kernel_signature(fused_mlp, tma, kind):
     out = torch.zeros(m, 2 * n if kind == "bwd_gated" else n)
     pre = torch.zeros_like(out)
     h = torch.zeros(m, n) if bwd != tg.FWD else None
-    cfg = tg.Config(32, 32, 32, 4, 4, 2, tma)
+    monkeypatch.setattr(tg, "_sm_count", lambda index: 3)  # persistent: one program per "SM"
+    cfg = tg.Config(32, 32, 32, 4, 4, 2, bool(tma), tma == "persistent")
     plan = tg._make_plan(cfg, x, w1, w2, kind == "plain_kn", True, False, out, 1, pre, h, bwd)
     params = plan.kernel.params
     assert plan.kernel is (tg._fused_linear_kernel_tma if tma else tg._fused_linear_kernel)
@@ -288,7 +289,11 @@ def test_launch_plan_matches_kernel_signature(fused_mlp, tma, kind):
     assert plan.tail == tuple(plan.consts[p.name] for p in tail)
     assert set(plan.consts) - {p.name for p in tail} == {"num_warps", "num_stages"}
     assert plan.ints[:3] == (m, n, k)
-    assert plan.grid == (2 * 2,)  # cdiv(40, 32) * cdiv(48, 32)
+    # cdiv(40, 32) * cdiv(48, 32) tiles; persistent: at most one program per SM
+    assert plan.grid == ((3,) if tma == "persistent" else (2 * 2,))
+    if tma:
+        assert plan.consts["PERSISTENT"] == (tma == "persistent")
+        assert not (plan.consts["PERSISTENT"] and plan.consts["PREFETCH"])
 
 
 @pytest.mark.parametrize("dtype", INTERP_DTYPES)
@@ -358,8 +363,9 @@ def test_candidates_and_tma_eligibility(fused_mlp):
         for m in (1, 100, 5000):
             for dtype in (torch.bfloat16, torch.float32):
                 cands = tg.candidates(gated, m, 344, 200, dtype, tma=True)
-                assert cands and len(cands) == len(set(cands)) and len(cands) <= 9
+                assert cands and len(cands) == len(set(cands)) and len(cands) <= 11
                 assert not cands[0].tma  # the untimed default is the pointer kernel
+                assert all(c.tma for c in cands if c.persistent)
                 assert all(c.block_m <= max(16, tg.m_bucket(m)) for c in cands)
                 assert any(c.tma for c in cands) == (m > 64 and dtype != torch.float32)
     assert tg.m_bucket(777) == 1024 and tg.m_bucket(1) == 16
@@ -477,7 +483,7 @@ def test_gpu_every_config(fused_mlp, dtype, monkeypatch):
     ran = 0
     for gated, table in ((True, tg._GATED_CONFIGS), (False, tg._PLAIN_CONFIGS)):
         for cfgs in table.values():
-            for cfg in [c._replace(tma=on) for c in cfgs for on in tma]:
+            for cfg in [v for c in cfgs for v in kernel_variants(c, tma)]:
                 if dtype == torch.float32:
                     cfg = cfg._replace(block_k=max(16, cfg.block_k // 2))
                 try:

@@ -4,10 +4,10 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build test test-gpu bench-act micro-act micro-dh host-overhead bench-mlp bench-decode bench-train
+#   steps: build test test-gpu bench-act micro-act micro-gemm host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
-#   PYTEST_ARGS (test), MICRO_DH_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
+#   PYTEST_ARGS (test), MICRO_GEMM_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
 #   MATRIX_ARGS / MATRIX_TESTS
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,11 +77,11 @@ if has micro-act; then
   "$ROOT/.amv" > "$OUT/act_and_mul_variants_h200.txt" 2>&1
   cat "$OUT/act_and_mul_variants_h200.txt" | tee -a "$LOG"
 fi
-if has micro-dh; then
-  # The backward's dh kernel in every config and epilogue variant against cuBLAS.
-  step "micro-dh ${MICRO_DH_ARGS:-}"
-  $PY benchmarks/micro/dh_variants.py --out "$OUT/dh_variants_h200.json" ${MICRO_DH_ARGS:-} > "$OUT/dh_variants_h200.txt" 2>&1
-  grep -E "cuBLAS|best|Error|error" "$OUT/dh_variants_h200.txt" | tail -20 | tee -a "$LOG"
+if has micro-gemm; then
+  # Our Triton GEMM kernels in every config and epilogue variant against cuBLAS.
+  step "micro-gemm ${MICRO_GEMM_ARGS:-}"
+  $PY benchmarks/micro/gemm_variants.py --out "$OUT/gemm_variants_h200.json" ${MICRO_GEMM_ARGS:-} > "$OUT/gemm_variants_h200.txt" 2>&1
+  grep -E "best|Traceback|Error" "$OUT/gemm_variants_h200.txt" | tail -20 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead

@@ -139,10 +139,9 @@ def _activation_and_grad(x, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _tile_coords(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """This program's (row block, column block): GROUP_M row blocks walk the column
-    blocks together, so the weight columns they share are read from L2."""
-    pid = tl.program_id(0)
+def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile `pid`'s (row block, column block): GROUP_M row blocks walk the column blocks
+    together, so the weight columns they share are read from L2."""
     num_pid_m = (M + BLOCK_M - 1) // BLOCK_M  # (no tl.cdiv / tl.zeros: see interpreted_module)
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     pids_per_group = GROUP_M * num_pid_n
@@ -292,7 +291,7 @@ def _fused_linear_kernel(
     GROUP_M: tl.constexpr,
 ):
     """Pointer loads (any strides, any GPU from sm_80)."""
-    pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     # Rows / columns past the edge are wrapped to valid ones (dropped at the store), so
     # only K needs a mask.
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
@@ -334,32 +333,15 @@ def _fused_linear_kernel(
               GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _fused_linear_kernel_tma(
-    x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr,
-    M, N, K,
-    stride_om, stride_on,
-    stride_pm, stride_pn,
-    stride_hm, stride_hn,
-    GATED: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_B1: tl.constexpr,
-    HAS_B2: tl.constexpr,
-    STORE_PRE: tl.constexpr,
-    BWD: tl.constexpr,
-    STORE_H: tl.constexpr,
-    SUBTILE: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    W_KN: tl.constexpr,  # weights stored [K, N] (Conv1D) rather than [N, K] (nn.Linear)
-    DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    """The same with tensor-memory-accelerator loads (sm_90+): tiles come through host
-    tensor descriptors, which fill everything past the tensor's edges with zeros."""
-    pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+@triton.jit
+def _tma_tile(tile, x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N, K,
+              stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn,
+              GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr,
+              STORE_PRE: tl.constexpr, BWD: tl.constexpr, STORE_H: tl.constexpr, SUBTILE: tl.constexpr,
+              PREFETCH: tl.constexpr, W_KN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """One output tile with TMA loads: the tile loop and the epilogue."""
+    pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     acc1 = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
@@ -384,6 +366,51 @@ def _fused_linear_kernel_tma(
               stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
               z0, u0, z1, u1,
               GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fused_linear_kernel_tma(
+    x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr,
+    M, N, K,
+    stride_om, stride_on,
+    stride_pm, stride_pn,
+    stride_hm, stride_hn,
+    GATED: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_B1: tl.constexpr,
+    HAS_B2: tl.constexpr,
+    STORE_PRE: tl.constexpr,
+    BWD: tl.constexpr,
+    STORE_H: tl.constexpr,
+    SUBTILE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    W_KN: tl.constexpr,  # weights stored [K, N] (Conv1D) rather than [N, K] (nn.Linear)
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,  # a grid of about one program per SM, each walking tiles
+):
+    """The same with tensor-memory-accelerator loads (sm_90+): tiles come through host
+    tensor descriptors, which fill everything past the tensor's edges with zeros.
+
+    PERSISTENT: each program takes tiles pid, pid + programs, ... in one flattened loop,
+    so the software pipeline issues the next tile's first loads during this tile's
+    epilogue (with one program per tile, an SM idles its tensor cores through each
+    epilogue unless another program's tile loop happens to overlap it)."""
+    if PERSISTENT:
+        num_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+            _tma_tile(tile, x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N, K,
+                      stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn,
+                      GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, W_KN,
+                      DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    else:
+        _tma_tile(tl.program_id(0), x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N, K,
+                  stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn,
+                  GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, W_KN,
+                  DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
 
 
 @triton.jit
@@ -425,7 +452,7 @@ def _dual_gemm_kernel(
 ):
     """out (+)= a1 @ w1 + a2 @ w2 with a [M, K], w [K, N]: the input gradient of a gated
     MLP (dg Wg + du Wu) in one accumulator, two K loops."""
-    pid_m, pid_n = _tile_coords(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
@@ -455,6 +482,7 @@ class Config(NamedTuple):
     num_warps: int
     num_stages: int
     tma: bool = False  # _fused_linear_kernel_tma (sm_90+, 16-byte aligned rows) instead of pointer loads
+    persistent: bool = False  # TMA only: about one program per SM walking the tiles (PERSISTENT)
 
 
 # Candidates by M range, fastest-expected first (the first one is the untimed default,
@@ -548,6 +576,8 @@ def m_bucket(m: int) -> int:
 
 # With TMA on sm_90+ (16-bit inputs, M > 64), the first ones of the list are also tried that way.
 _TMA_VARIANTS = 3
+# ... and the first ones as persistent TMA kernels.
+_PERSISTENT_VARIANTS = 2
 
 
 def candidates(gated: bool, m: int, n: int, k: int, dtype: torch.dtype, tma: bool = False,
@@ -569,6 +599,7 @@ def candidates(gated: bool, m: int, n: int, k: int, dtype: torch.dtype, tma: boo
             out.append(c)
     if tma and size != "small" and dtype != torch.float32:
         out += [c._replace(tma=True) for c in out[:_TMA_VARIANTS]]
+        out += [c._replace(tma=True, persistent=True) for c in out[:_PERSISTENT_VARIANTS]]
     return out
 
 
@@ -625,7 +656,9 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
         GATED=gated, ACTIVATION=activation_id, HAS_B1=has_b1, HAS_B2=has_b2,
         STORE_PRE=bwd == FWD and pre is not None, BWD=bwd, STORE_H=bwd != FWD and h is not None,
         SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
-        PREFETCH=bwd != FWD and _env_flag("FUSED_MLP_BWD_PREFETCH"),
+        # (not with PERSISTENT: tiles held across the flattened loop spill, 1.4-2.1 KB of
+        # stack at 128 x 128 / 8 warps and 128 x 64 / 4 warps on sm_90)
+        PREFETCH=bwd != FWD and not cfg.persistent and _env_flag("FUSED_MLP_BWD_PREFETCH"),
         DOT_PRECISION=_dot_precision(x.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -636,6 +669,9 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
     if cfg.tma:
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         consts["W_KN"] = w_kn
+        consts["PERSISTENT"] = cfg.persistent
+        if cfg.persistent:
+            grid = (min(grid[0], _sm_count(x.device.index if x.device.index is not None else 0)),)
         return _Plan(True, _fused_linear_kernel_tma, grid,
                      (M, N, K, out.stride(0), out.stride(1), *extra), consts,
                      ([bm, bk], [bk, bn] if w_kn else [bn, bk], [bn, bk]))
@@ -703,6 +739,11 @@ def _launch_dual(cfg: Config, a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, ou
 
 # (gated, M bucket, N, K, dtype, (device name, capability), TMA, mode) -> the fastest config measured.
 _TUNED: dict[tuple, Config] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Our Triton GEMM kernels in every tile config and epilogue variant, against cuBLAS, on
+the benchmark cases: the backward's dh kernel (dh = dy @ W_down with the activation's
+derivative in its epilogue) and the forward's first GEMM (gated: gate/up with act * mul,
+with and without storing g | u for training; plain: GEMM + bias + activation).
+
+    python benchmarks/micro/gemm_variants.py [--kernels dh,fwd] [--out benchmarks/results/gemm_variants_h200.json]
+
+Variants: the tuner's candidate list for the shape (pointer loads; TMA for the first three
+and persistent TMA for the first two, as the tuner tries them) and two larger tiles (also
+as TMA and persistent TMA). dh: each with PREFETCH on and off (the epilogue's
+pre-activation tiles loaded before the tile loop or after it; never with persistent
+kernels), and the whole-tile epilogue (SUBTILE=0) for the first config.
+References in the same process: cuBLAS's GEMM of the same shape alone, and (dh) the
+unfused backward of the same step (cuBLAS dh, then PyTorch's elementwise derivative).
+Each variant's output (not in place, so repeated runs read the same inputs) is checked
+against float64 before it is timed. Timing: triton.testing.do_bench, median, L2 flushed
+between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import rel_err  # noqa: E402
+
+# name -> (gated, M, K (= model dim), N (= hidden), activation); plain cases have a bias
+CASES = {
+    "geglu_m8192_d768_h3072": (True, 8192, 768, 3072, "gelu_tanh"),
+    "mlp_gelu_tanh_m8192_d768_h3072": (False, 8192, 768, 3072, "gelu_tanh"),
+    "swiglu_m4096_d4096_h14336": (True, 4096, 4096, 14336, "silu"),
+}
+# Extra configs beyond the tuner's list (block_m, block_n, block_k, group_m, warps, stages).
+EXTRA = [(128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3)]
+
+
+def variants_of(tg, cands: list, extra: bool = True) -> list:
+    """The candidates plus EXTRA (if `extra`), each extra also as TMA and persistent TMA."""
+    extra = [tg.Config(*e) for e in EXTRA] if extra else []
+    extra += [c._replace(tma=True) for c in extra] + [c._replace(tma=True, persistent=True) for c in extra]
+    return list(dict.fromkeys(cands + extra))
+
+
+def label(cfg) -> str:
+    kind = " persistent" if cfg.persistent else " tma" if cfg.tma else ""
+    return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}{kind}"
+
+
+def timed(rows: list, base: dict, name: str, run, check, bench) -> None:
+    """One variant: run it once, check it (check() -> relative error), time it."""
+    row = {**base, "variant": name}
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as e:  # does not fit this GPU, or does not compile
+        row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+        rows.append(row)
+        print(f"[gemm]   {name}: {row['error']}", flush=True)
+        return
+    row["rel_err"] = err = check()
+    if not err < 1e-2:
+        row["error"] = "wrong result"
+    else:
+        row["ms"] = bench(run)
+    rows.append(row)
+    print(f"[gemm]   {name}: {row.get('ms', float('nan')) * 1e3:7.1f} us  err {err:.1e}", flush=True)
+
+
+def dh_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
+    dtype = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dy = torch.randn(m, k, device="cuda", dtype=dtype, generator=g)
+    wd = torch.randn(k, n, device="cuda", dtype=dtype, generator=g) * k**-0.5  # nn.Linear's [D, H]
+    pre = torch.randn(m, (2 if gated else 1) * n, device="cuda", dtype=dtype, generator=g)
+    f, df = acts.torch_activation(act), acts.torch_activation_derivative(act)
+    dh = dy.double() @ wd.double()
+    z = pre[:, :n].double()
+    want = torch.cat([dh * pre[:, n:].double() * df(z), dh * f(z)], 1) if gated else dh * df(z)
+    del dh, z
+    act_id = acts.ACTIVATION_IDS[act]
+    out = torch.empty_like(pre)
+    base = {"kernel": "dh", "case": name, "m": m, "k": k, "n": n, "gated": gated}
+    timed(rows, base, "cublas_mm", lambda: torch.mm(dy, wd), lambda: 0.0, bench)
+
+    def unfused():
+        d = torch.mm(dy, wd)
+        if gated:
+            zz, uu = pre[:, :n].float(), pre[:, n:].float()
+            torch.cat([d * uu * df(zz), d * f(zz)], 1, out=out)
+        else:
+            torch.mul(d, df(pre.float()), out=out)
+    timed(rows, base, "cublas_then_torch_elementwise", unfused, lambda: 0.0, bench)
+
+    cands = variants_of(tg, tg.candidates(False, m, n, k, dtype, tma=True, table=tg._BWD_CONFIGS))
+    runs = [(c, p, "1") for c in cands for p in (("0",) if c.persistent else ("0", "1"))]
+    runs += [(cands[0], p, "0") for p in ("0", "1")]
+    for cfg, prefetch, subtile in runs:
+        os.environ["FUSED_MLP_BWD_PREFETCH"] = prefetch
+        os.environ["FUSED_MLP_BWD_SUBTILE"] = subtile
+        out.fill_(float("nan"))
+        timed(rows, {**base, "config": list(cfg), "prefetch": prefetch == "1", "subtile": subtile == "1"},
+              f"{label(cfg)} prefetch={prefetch} subtile={subtile}",
+              lambda: tg.linear_dact(dy, wd, True, pre, out, act_id, gated=gated, config=cfg),
+              lambda: rel_err(out, want), bench)
+    os.environ.pop("FUSED_MLP_BWD_PREFETCH", None)
+    os.environ.pop("FUSED_MLP_BWD_SUBTILE", None)
+
+
+def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
+    dtype = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(m, k, device="cuda", dtype=dtype, generator=g)
+    w1 = torch.randn(n, k, device="cuda", dtype=dtype, generator=g) * k**-0.5
+    f = acts.torch_activation(act)
+    act_id = acts.ACTIVATION_IDS[act]
+    out = torch.empty(m, n, device="cuda", dtype=dtype)
+    if gated:
+        w2 = torch.randn(n, k, device="cuda", dtype=dtype, generator=g) * k**-0.5
+        gd, ud = x.double() @ w1.double().t(), x.double() @ w2.double().t()
+        want, want_pre = f(gd) * ud, torch.cat([gd, ud], 1)
+        pre = torch.empty(m, 2 * n, device="cuda", dtype=dtype)
+        w12 = torch.cat([w1, w2])
+        timed(rows, {"kernel": "fwd", "case": name}, "cublas_x_wgu", lambda: torch.mm(x, w12.t()), lambda: 0.0, bench)
+        modes = (("infer", None), ("train", pre))
+    else:
+        b1 = torch.randn(n, device="cuda", dtype=dtype, generator=g)
+        pd = x.double() @ w1.double().t() + b1.double()
+        want, want_pre = f(pd), pd
+        pre = torch.empty(m, n, device="cuda", dtype=dtype)
+        timed(rows, {"kernel": "fwd", "case": name}, "cublas_linear_bias", lambda: torch.nn.functional.linear(x, w1, b1),
+              lambda: 0.0, bench)
+        modes = (("infer", None), ("train", pre))
+    # (no larger tiles for the gated kernel: two 128 x 256 accumulators do not fit the registers)
+    cands = variants_of(tg, tg.candidates(gated, m, n, k, dtype, tma=True), extra=not gated)
+    for mode, p in modes:
+        for cfg in cands:
+            def run(cfg=cfg, p=p):
+                if gated:
+                    tg.gated_linear(x, w1, w2, None, None, act_id, config=cfg, pre=p, out=out)
+                else:
+                    tg.linear_act(x, w1, b1, act_id, config=cfg, pre=p, out=out)
+
+            def check(p=p):
+                err = rel_err(out, want)
+                return max(err, rel_err(p, want_pre)) if p is not None else err
+            out.fill_(float("nan"))
+            if p is not None:
+                p.fill_(float("nan"))
+            timed(rows, {"kernel": "fwd", "case": name, "mode": mode, "config": list(cfg)},
+                  f"{mode} {label(cfg)}", run, check, bench)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gemm_variants_h200.json"))
+    ap.add_argument("--kernels", default="dh,fwd")
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("[gemm] needs a CUDA GPU")
+    import triton
+    import triton.testing
+    from kernels import get_kernel
+
+    fm = get_kernel("org/fused-mlp", version=1)
+    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+    rows: list = []
+
+    def bench(fn) -> float:
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+    kernels = args.kernels.split(",")
+    for name in args.cases.split(","):
+        for kernel, fn in (("dh", dh_case), ("fwd", fwd_case)):
+            if kernel in kernels:
+                print(f"[gemm] {kernel} {name}", flush=True)
+                fn(tg, fm.activations, name, *CASES[name], bench, rows)
+                timed_rows = [r for r in rows if r["case"] == name and r.get("kernel") == kernel and "ms" in r]
+                ours = [r for r in timed_rows if "config" in r]
+                for mode in sorted({r.get("mode") for r in ours}, key=str):
+                    best = min((r for r in ours if r.get("mode") == mode), key=lambda r: r["ms"])
+                    refs = ", ".join(f"{r['variant']} {r['ms'] * 1e3:.1f}" for r in timed_rows if "config" not in r)
+                    print(f"[gemm] {kernel} {name}: best {best['variant']} {best['ms'] * 1e3:.1f} us ({refs})",
+                          flush=True)
+
+    report = {
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"[gemm] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
