@@ -513,12 +513,12 @@ def test_interpret_edge_shapes(interpret):
                 "expanded dy, plain")
 
 
-@pytest.mark.parametrize("prefetch", ["1", "0"])
-def test_interpret_kernels(interpret, monkeypatch, prefetch):
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_interpret_kernels(interpret, prefetch):
     """The kernels one by one: the forward storing pre-activations, the dh kernel (gated and
     plain, in place, with h, weights through [K, N] and [N, K] strides, uneven K; its
-    epilogue's loads before or after the tile loop), the dual GEMM (accumulating)."""
-    monkeypatch.setenv("FUSED_MLP_BWD_PREFETCH", prefetch)
+    epilogue's loads before or after the tile loop; pointer, TMA and persistent TMA
+    kernels), the dual GEMM (accumulating)."""
     tg = module(interpret, "triton_gemm").interpreted_module()
     ids = interpret.activations.ACTIVATION_IDS
     acts = interpret.activations
@@ -532,7 +532,9 @@ def test_interpret_kernels(interpret, monkeypatch, prefetch):
     gd, ud = xd @ wg.double().t() + bg.double(), xd @ wu.double().t()
     for act in ("gelu_tanh", "relu2"):
         f, df = acts.torch_activation(act), acts.torch_activation_derivative(act)
-        for cfg in (None, C(16, 16, 16, 1, 4, 1), C(32, 64, 32, 3, 4, 1), C(32, 32, 16, 2, 4, 1, True)):
+        cfgs = (C(16, 16, 16, 1, 4, 1), C(32, 64, 32, 3, 4, 1), C(32, 32, 16, 2, 4, 1, True),
+                C(16, 32, 16, 2, 4, 1, True, True))
+        for cfg in (None,) + tuple(c._replace(prefetch=prefetch) for c in cfgs):
             pre = torch.full((m, 2 * n), float("nan"))
             h = tg.gated_linear(x, wg, wu, bg, None, ids[act], config=cfg, pre=pre)
             torch.testing.assert_close(pre.double(), torch.cat([gd, ud], 1), rtol=1e-5, atol=1e-5)
@@ -617,12 +619,11 @@ def _aot_compile(fn, types: dict, consts: dict, cap: int, num_warps: int, num_st
     return regs, stack, k.metadata.shared
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("cap", [90, 80])
-def test_aot_compile_backward_kernels(fused_mlp, cap, prefetch):
+def test_aot_compile_backward_kernels(fused_mlp, cap):
     """The backward's kernels compile for sm_90 and sm_80 without a GPU, within the shared
-    memory of an H100 / A100; the default dh-kernel config (gated epilogue, in two column
-    halves, its loads before or after the tile loop) does not spill."""
+    memory of an H100 / A100; the first two dh-kernel configs (gated epilogue, in two
+    column halves; the second with its loads before the tile loop) do not spill."""
     pytest.importorskip("triton")
     try:
         from triton.backends.compiler import GPUTarget  # noqa: F401
@@ -634,18 +635,17 @@ def test_aot_compile_backward_kernels(fused_mlp, cap, prefetch):
     ptrs = {n: "*bf16" for n in ("x_ptr", "w1_ptr", "w2_ptr", "b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}
     unit = dict(stride_xk=1, stride_w1n=1, stride_w2n=1, stride_on=1, stride_pn=1, stride_hn=1)
     try:
-        for i, cfg in enumerate(tg._BWD_CONFIGS["large"][:2]):
+        for cfg in tg._BWD_CONFIGS["large"][:2]:
             for bwd, act in ((2, "silu"), (2, "gelu_tanh"), (1, "gelu_tanh")):
                 consts = dict(GATED=False, ACTIVATION=fused_mlp.activations.ACTIVATION_IDS[act], HAS_B1=False,
-                              HAS_B2=False, STORE_PRE=False, BWD=bwd, STORE_H=False, SUBTILE=True, PREFETCH=prefetch,
-                              EVEN_K=True,
+                              HAS_B2=False, STORE_PRE=False, BWD=bwd, STORE_H=False, SUBTILE=True,
+                              PREFETCH=cfg.prefetch, EVEN_K=True,
                               DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                               GROUP_M=cfg.group_m, **unit)
                 regs, stack, smem = _aot_compile(tg._fused_linear_kernel, ptrs, consts, cap, cfg.num_warps,
                                                  cfg.num_stages)
                 assert smem <= smem_limit, (cfg, smem)
-                if i == 0:
-                    assert stack == 0, f"dh kernel {cfg} BWD={bwd} {act}: {regs} registers, {stack} bytes of stack"
+                assert stack == 0, f"dh kernel {cfg} BWD={bwd} {act}: {regs} registers, {stack} bytes of stack"
         cfg = tg._GATED_CONFIGS["large"][0]
         consts = dict(GATED=True, ACTIVATION=1, HAS_B1=True, HAS_B2=True, STORE_PRE=True, BWD=0, STORE_H=False,
                       SUBTILE=False, PREFETCH=False, EVEN_K=False, DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -684,7 +684,7 @@ def gpu(fused_mlp, monkeypatch):
     """The compiled Triton path, one untimed config per shape (fewer compilations)."""
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     for name in ("FUSED_MLP_INTERPRET", "TRITON_INTERPRET", "FUSED_MLP_BWD_DX", "FUSED_MLP_RECOMPUTE_CHUNK_MB",
-                 "FUSED_MLP_BACKWARD", "FUSED_MLP_BWD_SUBTILE", "FUSED_MLP_BWD_PREFETCH"):
+                 "FUSED_MLP_BACKWARD", "FUSED_MLP_BWD_SUBTILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
     assert fused_mlp.dispatch.backward_choice(torch.zeros(4, 8, device="cuda"), "gated").path == "triton"
@@ -778,15 +778,13 @@ def test_gpu_every_backward_config(fused_mlp, dtype, monkeypatch):
     a = _rand(m, 2 * n, dtype=dtype, device="cuda", gen=g)
     w1, w2 = _rand(n, d, dtype=dtype, device="cuda", gen=g), _rand(n, d, dtype=dtype, device="cuda", gen=g)
     want_dual = (a[:, :n].double() @ w1.double() + a[:, n:].double() @ w2.double()).cpu()
-    monkeypatch.delenv("FUSED_MLP_BWD_PREFETCH", raising=False)
     ran = 0
     for table in tg._BWD_CONFIGS.values():
         table = table[:1] if dtype == torch.float32 else table
         # every config with the default epilogue, the first of each class also with the other
-        runs = [(v, None) for c in table for v in kernel_variants(c, tma)] + [(table[0], "other")]
-        for cfg, prefetch in runs:
-            if prefetch == "other":
-                monkeypatch.setenv("FUSED_MLP_BWD_PREFETCH", "0" if tg._env_flag("FUSED_MLP_BWD_PREFETCH") else "1")
+        # the first config also with the other prefetch setting
+        runs = [v for c in table for v in kernel_variants(c, tma)] + [table[0]._replace(prefetch=not table[0].prefetch)]
+        for cfg in runs:
             if dtype == torch.float32:
                 cfg = cfg._replace(block_k=max(16, cfg.block_k // 2))
             out = torch.full_like(pre, float("nan"))
@@ -795,9 +793,7 @@ def test_gpu_every_backward_config(fused_mlp, dtype, monkeypatch):
                 torch.cuda.synchronize()
             except OutOfResources:
                 continue
-            finally:
-                monkeypatch.delenv("FUSED_MLP_BWD_PREFETCH", raising=False)
-            assert rel_err(out.cpu(), want) <= _gpu_tol(dtype), f"dh kernel {cfg} prefetch {prefetch}"
+            assert rel_err(out.cpu(), want) <= _gpu_tol(dtype), f"dh kernel {cfg}"
             ran += 1
     for cfg in tg._PLAIN_CONFIGS["large"][: 2 if dtype == torch.float32 else None]:
         if dtype == torch.float32:

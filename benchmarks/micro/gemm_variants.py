@@ -106,17 +106,15 @@ def dh_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
     timed(rows, base, "cublas_then_torch_elementwise", unfused, lambda: 0.0, bench)
 
     cands = variants_of(tg, tg.candidates(False, m, n, k, dtype, tma=True, table=tg._BWD_CONFIGS))
-    runs = [(c, p, "1") for c in cands for p in (("0",) if c.persistent else ("0", "1"))]
-    runs += [(cands[0], p, "0") for p in ("0", "1")]
-    for cfg, prefetch, subtile in runs:
-        os.environ["FUSED_MLP_BWD_PREFETCH"] = prefetch
+    runs = [(c._replace(prefetch=p), "1") for c in cands for p in ((False,) if c.persistent else (False, True))]
+    runs += [(cands[0]._replace(prefetch=p), "0") for p in (False, True)]
+    for cfg, subtile in runs:
         os.environ["FUSED_MLP_BWD_SUBTILE"] = subtile
         out.fill_(float("nan"))
-        timed(rows, {**base, "config": list(cfg), "prefetch": prefetch == "1", "subtile": subtile == "1"},
-              f"{label(cfg)} prefetch={prefetch} subtile={subtile}",
+        timed(rows, {**base, "config": list(cfg), "prefetch": cfg.prefetch, "subtile": subtile == "1"},
+              f"{label(cfg)} prefetch={int(cfg.prefetch)} subtile={subtile}",
               lambda: tg.linear_dact(dy, wd, True, pre, out, act_id, gated=gated, config=cfg),
               lambda: rel_err(out, want), bench)
-    os.environ.pop("FUSED_MLP_BWD_PREFETCH", None)
     os.environ.pop("FUSED_MLP_BWD_SUBTILE", None)
 
 

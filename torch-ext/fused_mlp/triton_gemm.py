@@ -483,6 +483,7 @@ class Config(NamedTuple):
     num_stages: int
     tma: bool = False  # _fused_linear_kernel_tma (sm_90+, 16-byte aligned rows) instead of pointer loads
     persistent: bool = False  # TMA only: about one program per SM walking the tiles (PERSISTENT)
+    prefetch: bool = False  # backward, not persistent: the epilogue's loads before the tile loop (PREFETCH)
 
 
 # Candidates by M range, fastest-expected first (the first one is the untimed default,
@@ -553,12 +554,15 @@ _BWD_CONFIGS = {
         Config(64, 64, 64, 8, 4, 4),
         Config(128, 128, 64, 8, 8, 3),
     ],
+    # Measured on the H200 at M = 8192, 768 -> 3072 (results/gemm_variants_h200.json): the
+    # plain dh kernel is fastest at 128 x 128 without prefetch (103 us), the gated one at
+    # 128 x 64 / 4 warps with TMA and prefetch (145 us; 64 x 128 with prefetch 148).
     "large": [
         Config(128, 128, 64, 8, 8, 3),
-        Config(128, 128, 64, 8, 8, 4),
-        Config(128, 64, 64, 8, 4, 4),
-        Config(64, 128, 64, 8, 4, 4),
-        Config(64, 256, 64, 8, 8, 3),
+        Config(128, 64, 64, 8, 4, 4, prefetch=True),
+        Config(64, 128, 64, 8, 4, 4, prefetch=True),
+        Config(128, 128, 64, 8, 8, 4, prefetch=True),
+        Config(128, 256, 64, 8, 8, 3),
     ],
 }
 # Small and fast for the interpreter, yet every mask and the grouping are exercised.
@@ -576,7 +580,11 @@ def m_bucket(m: int) -> int:
 
 # With TMA on sm_90+ (16-bit inputs, M > 64), the first ones of the list are also tried that way.
 _TMA_VARIANTS = 3
-# ... and the first ones as persistent TMA kernels.
+# ... and, for the plain forward, the first ones as persistent TMA kernels: measured on the
+# H200 (results/gemm_variants_h200.json, M = 8192, 768 -> 3072) the persistent 128 x 256
+# GEMM + bias + gelu_tanh took 80 us against 98 non-persistent; for the gated forward and
+# the dh kernels persistence was 10-30 us slower (two accumulators / the epilogue's
+# registers leave no room for the next tile's pipeline).
 _PERSISTENT_VARIANTS = 2
 
 
@@ -599,7 +607,8 @@ def candidates(gated: bool, m: int, n: int, k: int, dtype: torch.dtype, tma: boo
             out.append(c)
     if tma and size != "small" and dtype != torch.float32:
         out += [c._replace(tma=True) for c in out[:_TMA_VARIANTS]]
-        out += [c._replace(tma=True, persistent=True) for c in out[:_PERSISTENT_VARIANTS]]
+        if table is None and not gated:
+            out += [c._replace(tma=True, persistent=True) for c in out[:_PERSISTENT_VARIANTS]]
     return out
 
 
@@ -658,7 +667,7 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
         SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
         # (not with PERSISTENT: tiles held across the flattened loop spill, 1.4-2.1 KB of
         # stack at 128 x 128 / 8 warps and 128 x 64 / 4 warps on sm_90)
-        PREFETCH=bwd != FWD and not cfg.persistent and _env_flag("FUSED_MLP_BWD_PREFETCH"),
+        PREFETCH=bwd != FWD and cfg.prefetch and not cfg.persistent,
         DOT_PRECISION=_dot_precision(x.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -670,8 +679,9 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
         bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
         consts["W_KN"] = w_kn
         consts["PERSISTENT"] = cfg.persistent
-        if cfg.persistent:
-            grid = (min(grid[0], _sm_count(x.device.index if x.device.index is not None else 0)),)
+        if cfg.persistent:  # (interpreter: two programs, so that each walks several tiles)
+            programs = _sm_count(x.device.index if x.device.index is not None else 0) if x.is_cuda else 2
+            grid = (min(grid[0], programs),)
         return _Plan(True, _fused_linear_kernel_tma, grid,
                      (M, N, K, out.stride(0), out.stride(1), *extra), consts,
                      ([bm, bk], [bk, bn] if w_kn else [bn, bk], [bn, bk]))
@@ -859,8 +869,7 @@ def _planned(x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool, b1: Option
                    None if pre is None else (pre.stride(), pre.data_ptr() % 16),
                    None if h is None else (h.stride(), h.data_ptr() % 16),
                    os.environ.get("FUSED_MLP_TMA"), os.environ.get("FUSED_MLP_AUTOTUNE"),
-                   (os.environ.get("FUSED_MLP_BWD_SUBTILE"), os.environ.get("FUSED_MLP_BWD_PREFETCH"))
-                   if bwd != FWD else None,
+                   os.environ.get("FUSED_MLP_BWD_SUBTILE") if bwd != FWD else None,
                    torch.backends.cuda.matmul.allow_tf32 if dt == torch.float32 else None)
             plan = _PLANS.get(key)
             if plan is not None:
