@@ -366,6 +366,10 @@ def test_candidates_and_tma_eligibility(fused_mlp):
                 assert cands and len(cands) == len(set(cands)) and len(cands) <= 11
                 assert not cands[0].tma  # the untimed default is the pointer kernel
                 assert all(c.tma for c in cands if c.persistent)
+                # persistent kernels: measured faster for the plain forward only
+                assert any(c.persistent for c in cands) == (not gated and m > 64 and dtype != torch.float32)
+                bwd = tg.candidates(False, m, 344, 200, dtype, tma=True, table=tg._BWD_CONFIGS)
+                assert not any(c.persistent for c in bwd)
                 assert all(c.block_m <= max(16, tg.m_bucket(m)) for c in cands)
                 assert any(c.tma for c in cands) == (m > 64 and dtype != torch.float32)
     assert tg.m_bucket(777) == 1024 and tg.m_bucket(1) == 16

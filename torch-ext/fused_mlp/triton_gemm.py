@@ -592,7 +592,8 @@ def candidates(gated: bool, m: int, n: int, k: int, dtype: torch.dtype, tma: boo
                table: Optional[dict] = None) -> list[Config]:
     """The configs worth timing for this problem, clamped to it and deduplicated (`table`:
     another list than the forward's, e.g. _BWD_CONFIGS)."""
-    if table is None:
+    forward = table is None
+    if forward:
         table = _GATED_CONFIGS if gated else _PLAIN_CONFIGS
     size = "small" if m <= 64 else "medium" if m <= 512 else "large"
     out: list[Config] = []
@@ -607,7 +608,7 @@ def candidates(gated: bool, m: int, n: int, k: int, dtype: torch.dtype, tma: boo
             out.append(c)
     if tma and size != "small" and dtype != torch.float32:
         out += [c._replace(tma=True) for c in out[:_TMA_VARIANTS]]
-        if table is None and not gated:
+        if forward and not gated:
             out += [c._replace(tma=True, persistent=True) for c in out[:_PERSISTENT_VARIANTS]]
     return out
 
