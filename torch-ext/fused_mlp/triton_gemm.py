@@ -16,6 +16,8 @@ compile-time flags of the epilogue:
                 plain (BWD=1): dpre = dh * act'(pre); dh itself is never written.
                 STORE_H also writes h = act(g) * u (act(pre)). The output may be the
                 pre-activation buffer itself (in place: each tile is read before it is written).
+    PREFETCH    backward: the epilogue's pre-activation tiles are loaded before the tile
+                loop instead of after it (a per-config choice, Config.prefetch)
 and one more kernel, _dual_gemm_kernel: out (+)= a1 @ w1 + a2 @ w2 (dx = dg Wg + du Wu in
 one K loop over both operand pairs, without a concatenated weight).
 
@@ -23,7 +25,7 @@ This is the only module of the package that imports Triton, and dispatch.py impo
 it only when a Triton path runs, so the package works where Triton is absent.
 
 One kernel serves both cases (GATED is a compile-time flag), in two flavours sharing
-the tile order and the epilogue:
+the tile order and the epilogue (the second also as a persistent kernel):
   _fused_linear_kernel      pointer loads, any strides, sm_80+. Weights are read through
                             their own strides: gate and up may be two row slices of one
                             packed [2H, D] tensor, a Conv1D weight [K, N] is used as it is
@@ -32,7 +34,10 @@ the tile order and the epilogue:
                             the store is masked; K is masked unless K % BLOCK_K == 0.
   _fused_linear_kernel_tma  TMA loads through host tensor descriptors (sm_90+, rows
                             16-byte aligned, unit last stride); the hardware zero-fills
-                            past the edges. Offered to the tuner next to the pointer kernel.
+                            past the edges. Offered to the tuner next to the pointer kernel;
+                            for the plain forward also PERSISTENT: one program per SM walking
+                            the tiles in one flattened loop, so that the next tile's loads
+                            overlap this tile's epilogue.
 
 Tile configurations: a short list per (gated, M range, dtype), clamped to the problem
 and timed on the first call of each shape bucket (M rounded up to a power of two, N,
