@@ -606,7 +606,8 @@ def _aot_compile(fn, types: dict, consts: dict, cap: int, num_warps: int, num_st
     from triton.compiler import ASTSource
 
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n] != "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and not sig[n].startswith("tensordesc")}
     k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cap, 64 if cap >= 90 else 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -657,6 +658,19 @@ def test_aot_compile_backward_kernels(fused_mlp, cap):
         consts = dict(ACCUMULATE=True, EVEN_K=True, DOT_PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, stride_ak=1, stride_w1n=1, stride_w2n=1, stride_on=1)
         assert _aot_compile(tg._dual_gemm_kernel, dual, consts, cap, cfg.num_warps, cfg.num_stages)[2] <= smem_limit
+        if cap >= 90:  # the plain forward's first persistent TMA candidate, inference (sm_90+ only;
+            # storing the pre-activations too, Triton 3.9 spills 24 bytes there)
+            cfg = tg._PLAIN_CONFIGS["large"][0]
+            bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+            types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w1_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+                     "w2_desc": f"tensordesc<bf16[{bn}, {bk}]>", **{n: "*bf16" for n in ("b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}}
+            consts = dict(GATED=False, ACTIVATION=fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"], HAS_B1=True,
+                          HAS_B2=False, STORE_PRE=False, BWD=0, STORE_H=False, SUBTILE=False, PREFETCH=False, W_KN=False,
+                          DOT_PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+                          PERSISTENT=True, stride_on=1, stride_pn=1, stride_hn=1)
+            regs, stack, smem = _aot_compile(tg._fused_linear_kernel_tma, types, consts, cap, cfg.num_warps,
+                                             cfg.num_stages)
+            assert smem <= smem_limit and stack == 0, f"persistent {cfg}: {regs} registers, {stack} B stack, {smem} B"
     except (FileNotFoundError, subprocess_error()) as e:  # no ptxas / cuobjdump in this Triton
         pytest.skip(f"cannot compile for CUDA here: {e}")
 

@@ -672,7 +672,8 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
         STORE_PRE=bwd == FWD and pre is not None, BWD=bwd, STORE_H=bwd != FWD and h is not None,
         SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
         # (not with PERSISTENT: tiles held across the flattened loop spill, 1.4-2.1 KB of
-        # stack at 128 x 128 / 8 warps and 128 x 64 / 4 warps on sm_90)
+        # stack at 128 x 128 / 8 warps and 128 x 64 / 4 warps, AOT-compiled for sm_90 with
+        # Triton 3.9; benchmarks/NOTES.md, session 4)
         PREFETCH=bwd != FWD and cfg.prefetch and not cfg.persistent,
         DOT_PRECISION=_dot_precision(x.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
