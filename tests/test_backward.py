@@ -942,6 +942,44 @@ def test_gpu_column_sum(gpu, dtype, shape):
         assert extra <= 2**20, f"column_sum allocated {extra} bytes for a {tuple(shape)} input"
 
 
+@pytest.mark.gpu
+def test_gpu_column_sum_ones_cache_and_graphs(gpu, monkeypatch):
+    """column_sum's cached ones vector: right inside and after a CUDA graph capture that
+    made the first one (not cached: its fill only runs on replay), and a graph captured on
+    a cached vector still replays right after the cache has grown past it."""
+    tb = module(gpu, "triton_backward")
+    monkeypatch.setattr(tb, "_ONES", {})
+    gen = torch.Generator("cuda").manual_seed(11)
+    a = torch.randn(300, 40, device="cuda", generator=gen).to(torch.bfloat16)
+    out = torch.empty(40, device="cuda", dtype=torch.bfloat16)
+    exact = a.double().sum(0)
+    bound = 2 * rel_err(a.sum(0), exact) + 1e-3
+    tb.column_sum(a.float())  # cuBLAS set up outside the capture
+    torch.mv(a.t(), torch.ones(300, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tb.column_sum(a, out=out)
+    assert tb._ONES == {}, "a ones vector made during capture was cached"
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, exact) <= bound
+    assert rel_err(tb.column_sum(a), exact) <= bound  # eager: makes and caches a vector
+    (kept,) = tb._ONES.values()
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2):
+        tb.column_sum(a, out=out)  # on the cached vector
+    big = torch.randn(5 * kept[-1].shape[0], 8, device="cuda", generator=gen).to(torch.bfloat16)
+    assert rel_err(tb.column_sum(big), big.double().sum(0)) <= 2 * rel_err(big.sum(0), big.double().sum(0)) + 1e-3
+    assert len(kept) == 2, "the cache did not grow (or dropped the vector a graph uses)"
+    torch.cuda.empty_cache()
+    out.fill_(float("nan"))
+    graph2.replay()
+    torch.cuda.synchronize()
+    assert rel_err(out, exact) <= bound
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "64MB", "nan", "inf"])
 def test_recompute_chunk_setting_is_checked(fused_mlp, monkeypatch, value):
     tb = module(fused_mlp, "triton_backward")

@@ -43,16 +43,30 @@ CASES = {
     "geglu_m8192_d768_h3072": (True, 8192, 768, 3072, "gelu_tanh"),
     "mlp_gelu_tanh_m8192_d768_h3072": (False, 8192, 768, 3072, "gelu_tanh"),
     "swiglu_m4096_d4096_h14336": (True, 4096, 4096, 14336, "silu"),
+    # few tokens: the gate/up GEMM streams 235 MB of weights; at 128 x 128 tiles it has
+    # only 112 programs for the H200's 132 SMs (forward only: `--kernels fwd`)
+    "swiglu_m128_d4096_h14336": (True, 128, 4096, 14336, "silu"),
+    "swiglu_m512_d4096_h14336": (True, 512, 4096, 14336, "silu"),
 }
 # Extra configs beyond the tuner's list (block_m, block_n, block_k, group_m, warps, stages).
 EXTRA = [(128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3)]
+# ... and for the gated forward at M <= 512 (weight-bandwidth bound): tiles whose shared
+# memory lets two programs share an SM (<= 113 KB: 128 x 64 / 3 stages, 128 x 32 / 4),
+# deeper K tiles, one wave of 128 x 128 tiles (4 stages), and TMA variants of each.
+EXTRA_GATED_FEW_TOKENS = [(128, 64, 64, 8, 4, 3), (128, 32, 64, 8, 4, 4), (128, 32, 128, 8, 4, 3),
+                          (64, 64, 128, 8, 4, 3), (128, 64, 128, 8, 4, 3), (128, 128, 64, 8, 8, 4),
+                          (64, 32, 128, 8, 4, 4)]
 
 
-def variants_of(tg, cands: list, extra: bool = True) -> list:
-    """The candidates plus EXTRA (if `extra`), each extra also as TMA and persistent TMA."""
-    extra = [tg.Config(*e) for e in EXTRA] if extra else []
-    extra += [c._replace(tma=True) for c in extra] + [c._replace(tma=True, persistent=True) for c in extra]
-    return list(dict.fromkeys(cands + extra))
+def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
+    """The candidates plus EXTRA (if `extra`), each extra also as TMA and persistent TMA;
+    few_tokens: plus EXTRA_GATED_FEW_TOKENS, each also as TMA."""
+    more = [tg.Config(*e) for e in EXTRA] if extra else []
+    more += [c._replace(tma=True) for c in more] + [c._replace(tma=True, persistent=True) for c in more]
+    if few_tokens:
+        few = [tg.Config(*e) for e in EXTRA_GATED_FEW_TOKENS]
+        more += few + [c._replace(tma=True) for c in few]
+    return list(dict.fromkeys(cands + more))
 
 
 def label(cfg) -> str:
@@ -136,6 +150,11 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
         pre = torch.empty(m, 2 * n, device="cuda", dtype=dtype)
         w12 = torch.cat([w1, w2])
         timed(rows, {"kernel": "fwd", "case": name}, "cublas_x_wgu", lambda: torch.mm(x, w12.t()), None, bench)
+        del w12
+        # the MLP's second GEMM, for the split of the whole forward's time
+        hh, wd = torch.randn(m, n, device="cuda", dtype=dtype, generator=g), w1.t().contiguous()
+        timed(rows, {"kernel": "fwd", "case": name}, "cublas_down", lambda: torch.mm(hh, wd.t()), None, bench)
+        del hh, wd
     else:
         b1 = torch.randn(n, device="cuda", dtype=dtype, generator=g)
         pd = x.double() @ w1.double().t() + b1.double()
@@ -144,8 +163,11 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
         timed(rows, {"kernel": "fwd", "case": name}, "cublas_linear_bias", lambda: torch.nn.functional.linear(x, w1, b1),
               None, bench)
     modes = (("infer", None), ("train", pre))  # train: the pre-activations stored too
+    few_tokens = gated and m <= 512
+    if few_tokens:  # (inference sizes: the training mode is not timed)
+        modes = modes[:1]
     # (no larger tiles for the gated kernel: two 128 x 256 accumulators do not fit the registers)
-    cands = variants_of(tg, tg.candidates(gated, m, n, k, dtype, tma=True), extra=not gated)
+    cands = variants_of(tg, tg.candidates(gated, m, n, k, dtype, tma=True), extra=not gated, few_tokens=few_tokens)
     for mode, p in modes:
         for cfg in cands:
             def run(cfg=cfg, p=p):

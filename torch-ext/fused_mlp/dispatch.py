@@ -125,8 +125,10 @@ def _span(t: Tensor) -> int:
 
 
 def _too_large(*tensors: Optional[Tensor]) -> bool:
-    # The Triton kernels compute offsets in 32 bits: what counts is the span, not numel.
-    return any(t is not None and _span(t) > _MAX_NUMEL for t in tensors)
+    # The Triton kernels compute offsets in 32 bits: what counts is the span, not numel
+    # (the same for a contiguous tensor: the cheap test, on every call, comes first).
+    return any(t is not None and not (t.is_contiguous() and t.numel() <= _MAX_NUMEL) and _span(t) > _MAX_NUMEL
+               for t in tensors)
 
 
 @functools.lru_cache(maxsize=None)
