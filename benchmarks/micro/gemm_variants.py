@@ -12,7 +12,9 @@ as TMA and persistent TMA). dh: each with PREFETCH on and off (the epilogue's
 pre-activation tiles loaded before the tile loop or after it; never with persistent
 kernels), and the whole-tile epilogue (SUBTILE=0) for the first config.
 References in the same process: cuBLAS's GEMM of the same shape alone, and (dh) the
-unfused backward of the same step (cuBLAS dh, then PyTorch's elementwise derivative).
+unfused backward of the same step (cuBLAS dh, then PyTorch's elementwise derivative);
+(gated forward) cuBLAS's second GEMM of the MLP, and for M <= SPLIT_K_MAX_M our split-K
+kernels for it.
 Each variant's output (not in place, so repeated runs read the same inputs) is checked
 against float64 before it is timed. Timing: triton.testing.do_bench, median, L2 flushed
 between runs.
@@ -154,6 +156,15 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
         # the MLP's second GEMM, for the split of the whole forward's time
         hh, wd = torch.randn(m, n, device="cuda", dtype=dtype, generator=g), w1.t().contiguous()
         timed(rows, {"kernel": "fwd", "case": name}, "cublas_down", lambda: torch.mm(hh, wd.t()), None, bench)
+        if m <= tg.SPLIT_K_MAX_M:  # the split-K kernels the tuner offers for that GEMM
+            want_down = hh.double() @ wd.double().t()
+            down = torch.empty(m, k, device="cuda", dtype=dtype)
+            for c in tg._SPLIT_K_CONFIGS:
+                down.fill_(float("nan"))
+                timed(rows, {"kernel": "down", "case": name, "config": list(c)}, f"down {label(c)} split_k={c.split_k}",
+                      lambda c=c: tg.split_k_linear(hh, wd, None, config=c, out=down), lambda: rel_err(down, want_down),
+                      bench)
+            del want_down, down
         del hh, wd
     else:
         b1 = torch.randn(n, device="cuda", dtype=dtype, generator=g)
