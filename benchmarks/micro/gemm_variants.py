@@ -59,6 +59,16 @@ EXTRA_GATED_FEW_TOKENS = [(128, 64, 64, 8, 4, 3), (128, 32, 64, 8, 4, 4), (128, 
                           (64, 64, 128, 8, 4, 3), (128, 64, 128, 8, 4, 3), (128, 128, 64, 8, 8, 4),
                           (64, 32, 128, 8, 4, 4)]
 
+# ... and for the second GEMM's split-K kernel at M <= 512: two or three programs per SM
+# (3 stages / narrower tiles), deeper pipelines, more splits
+# (block_m, block_n, block_k, group_m, warps, stages, tma, persistent, prefetch, split_k).
+EXTRA_SPLIT_K = [(128, 128, 64, 8, 8, 3, False, False, False, 4), (128, 128, 64, 8, 8, 3, False, False, False, 8),
+                 (128, 64, 64, 8, 4, 3, False, False, False, 4), (128, 64, 64, 8, 4, 3, False, False, False, 8),
+                 (128, 64, 64, 8, 4, 4, False, False, False, 4), (128, 64, 64, 8, 4, 6, False, False, False, 4),
+                 (128, 32, 64, 8, 4, 4, False, False, False, 2), (128, 32, 64, 8, 4, 4, False, False, False, 4),
+                 (128, 128, 64, 8, 8, 5, False, False, False, 4), (128, 64, 32, 8, 4, 8, False, False, False, 4),
+                 (128, 64, 64, 8, 8, 4, False, False, False, 4), (128, 128, 32, 8, 8, 6, False, False, False, 4)]
+
 
 def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
     """The candidates plus EXTRA (if `extra`), each extra also as TMA and persistent TMA;
@@ -159,7 +169,7 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
         if m <= tg.SPLIT_K_MAX_M:  # the split-K kernels the tuner offers for that GEMM
             want_down = hh.double() @ wd.double().t()
             down = torch.empty(m, k, device="cuda", dtype=dtype)
-            for c in tg._SPLIT_K_CONFIGS:
+            for c in list(dict.fromkeys(tg._SPLIT_K_CONFIGS + [tg.Config(*e) for e in EXTRA_SPLIT_K])):
                 down.fill_(float("nan"))
                 timed(rows, {"kernel": "down", "case": name, "config": list(c)}, f"down {label(c)} split_k={c.split_k}",
                       lambda c=c: tg.split_k_linear(hh, wd, None, config=c, out=down), lambda: rel_err(down, want_down),

@@ -497,7 +497,8 @@ def _split_k_linear_kernel(
     Program pid takes tile pid % tiles and K blocks [split * per, (split + 1) * per) of its
     tile, split = pid // tiles. With SPLIT_K > 1 each program stores its fp32 partial tile
     in ws[split, tile] and counts itself in count[tile]; the program that arrives last sums
-    the SPLIT_K partials in split order (the result does not depend on the arrival order),
+    the SPLIT_K partials in split order (its own too, read back: holding it in registers
+    through the sum spills; the result does not depend on the arrival order),
     adds the bias, stores, and sets count[tile] back to 0 for the next launch."""
     num_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
     pid = tl.program_id(0)
