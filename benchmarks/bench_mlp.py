@@ -337,7 +337,7 @@ def run(args) -> dict:
     tg = sys.modules.get(fm.__name__ + ".triton_gemm")
     tuned = {}
     if tg is not None:
-        tuned = {repr(k): None if v is None else list(v) for k, v in getattr(tg, "_TUNED", {}).items()}  # None: cuBLAS
+        tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()}
     return {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
         "torch": torch.__version__,

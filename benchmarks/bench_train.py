@@ -341,7 +341,7 @@ def run(args) -> dict:
         print(f"[bench] {c.name} done in {time.time() - tc:.1f}s", flush=True)
 
     tg = sys.modules.get(fm.__name__ + ".triton_gemm")
-    tuned = {repr(k): None if v is None else list(v) for k, v in getattr(tg, "_TUNED", {}).items()} if tg is not None else {}
+    tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()} if tg is not None else {}
     res = {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
         "torch": torch.__version__,

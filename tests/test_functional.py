@@ -356,45 +356,6 @@ def test_interpret_kernel_configs_and_strides(interpret):
     torch.testing.assert_close(z, b[:8].expand(5, 8))
 
 
-@pytest.mark.parametrize("split_k", [1, 2, 3, 4, 7])
-def test_interpret_split_k_linear(interpret, split_k):
-    """The split-K kernel of the second GEMM against float64: K not a multiple of the K
-    tile, a split that gets no K block at all (4 splits of 6 blocks: 2, 2, 2, 0), M = 1 and M past the M
-    tile, both weight layouts, with and without bias; the split order fixes the result (a
-    second run is bitwise equal)."""
-    tg = triton_gemm_module(interpret).interpreted_module()
-    g = torch.Generator().manual_seed(split_k)
-    cfg = tg.INTERPRETER_CONFIG._replace(split_k=split_k)  # 32 x 32 x 16 tiles
-    for m, k, n in ((1, 90, 7), (37, 96, 70), (3, 5, 33)):
-        x = _rand(m, k, gen=g)
-        w = _rand(n, k, gen=g, scale=k**-0.5)
-        b = _rand(n, gen=g)
-        for layout, bias in (("linear", b), ("linear", None), ("conv1d", b)):
-            weight = w.t().contiguous() if layout == "conv1d" else w
-            ref = x.double() @ w.double().t() + (0 if bias is None else bias.double())
-            out = tg.split_k_linear(x, weight, bias, layout, config=cfg)
-            check(out, ref, TOL[torch.float32], f"split_k={split_k} m={m} k={k} n={n} {layout} bias={bias is not None}")
-            assert torch.equal(out, tg.split_k_linear(x, weight, bias, layout, config=cfg))
-    x16 = _rand(5, 40, dtype=torch.float16, gen=g)
-    w16 = _rand(24, 40, dtype=torch.float16, gen=g, scale=40**-0.5)
-    check(tg.split_k_linear(x16, w16, None, config=cfg), x16.double() @ w16.double().t(), TOL[torch.float16], "fp16")
-    torch.testing.assert_close(tg.split_k_linear(torch.zeros(4, 0), torch.zeros(6, 0), b[:6], config=cfg),
-                               b[:6].expand(4, 6))
-
-
-def test_split_k_configs_and_second_gemm_fallbacks(fused_mlp):
-    """The split-K configs are valid; the second GEMM stays on cuBLAS for CPU tensors, fp32
-    and more tokens than SPLIT_K_MAX_M (where no split-K launch may happen)."""
-    pytest.importorskip("triton")
-    tg = triton_gemm_module(fused_mlp)
-    assert tg._SPLIT_K_CONFIGS and all(c.split_k >= 2 for c in tg._SPLIT_K_CONFIGS)
-    assert len(set(tg._SPLIT_K_CONFIGS)) == len(tg._SPLIT_K_CONFIGS)
-    x, w, b = torch.randn(8, 16), torch.randn(12, 16), torch.randn(12)
-    torch.testing.assert_close(tg.second_linear(x, w, b), torch.nn.functional.linear(x, w, b))
-    torch.testing.assert_close(tg.second_linear(x, w.t().contiguous(), b, "conv1d"), torch.nn.functional.linear(x, w, b))
-    assert tg._SECOND_PLANS == {} or all(k[3] >= 0 for k in tg._SECOND_PLANS)  # no CPU signature recorded
-
-
 def test_candidates_and_tma_eligibility(fused_mlp):
     pytest.importorskip("triton")
     tg = triton_gemm_module(fused_mlp)
@@ -639,68 +600,6 @@ def test_gpu_cuda_graph(fused_mlp, monkeypatch, m, dispatch):
         torch.cuda.synchronize()
         check(y.cpu(), ref_gated(gpu, {**t, "x": t2["x"]}, "silu"), TOL[torch.bfloat16], "graph gated")
         check(yp.cpu(), ref_plain(gpu, {**p, "x": p2["x"]}, "gelu_tanh", "linear"), TOL[torch.bfloat16], "graph mlp")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_split_k_second_gemm(fused_mlp, dtype):
-    """Every split-K config of the second GEMM against float64 on awkward shapes (M = 1,
-    odd N and K, Conv1D weights, bias or not), bitwise repeatable, its arrival counters
-    back at zero after each launch; then the MLPs at M = 128 through the tuner (which may
-    take cuBLAS or split-K, both must be right)."""
-    tg = triton_gemm_module(fused_mlp)
-    g = torch.Generator().manual_seed(21)
-    for m, k, n in ((1, 4100, 520), (77, 3001, 1000), (128, 14336, 4096)):
-        x = _rand(m, k, dtype=dtype, device="cuda", gen=g)
-        w = _rand(n, k, dtype=dtype, device="cuda", gen=g, scale=k**-0.5)
-        b = _rand(n, dtype=dtype, device="cuda", gen=g)
-        for layout, bias in (("linear", b), ("linear", None), ("conv1d", b)):
-            weight = w.t().contiguous() if layout == "conv1d" else w
-            ref = (x.double() @ w.double().t() + (0 if bias is None else bias.double())).cpu()
-            for cfg in tg._SPLIT_K_CONFIGS:
-                out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-                tg.split_k_linear(x, weight, bias, layout, config=cfg, out=out)
-                check(out.cpu(), ref, TOL[dtype], f"{cfg} m={m} k={k} n={n} {layout}")
-                assert torch.equal(out, tg.split_k_linear(x, weight, bias, layout, config=cfg))
-                torch.cuda.synchronize()
-                assert all(int(c.abs().max()) == 0 for c in tg._COUNTERS.values()), "counters not reset"
-    t = make_gated(128, 4096, 1536, 4096, dtype, "cuda", True, seed=4)
-    check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), _gpu_tol(dtype), "gated m128")
-    p = make_plain(128, 1024, 4096, 1024, dtype, "cuda", True, "conv1d", seed=5)
-    check(run_plain(fused_mlp, p, "gelu_tanh", "conv1d").cpu(), ref_plain(fused_mlp, p, "gelu_tanh", "conv1d"),
-          _gpu_tol(dtype), "mlp m128 conv1d")
-
-
-@pytest.mark.gpu
-def test_gpu_split_k_in_cuda_graph(fused_mlp, monkeypatch):
-    """With the split-K kernel forced as the second GEMM's choice: eager, then captured in a
-    CUDA graph (counters of its own, zeroed in the graph) and replayed on new inputs
-    while eager calls run in between."""
-    tg = triton_gemm_module(fused_mlp)
-    cfg = tg._SPLIT_K_CONFIGS[0]
-    monkeypatch.setattr(tg, "_SECOND_PLANS", {})
-    monkeypatch.setattr(tg, "_second_gemm_choice", lambda *a: (cfg, True))
-    t = make_gated(96, 512, 2048, 1024, torch.bfloat16, "cuda", True, seed=8)
-    static_x = t["x"].clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        check(run_gated(fused_mlp, {**t, "x": static_x}, "silu").cpu(), ref_gated(fused_mlp, t, "silu"),
-              TOL[torch.bfloat16], "eager")
-    torch.cuda.current_stream().wait_stream(s)
-    assert tg._SECOND_PLANS and all(p is not None and p[0] == cfg for p in tg._SECOND_PLANS.values())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = run_gated(fused_mlp, {**t, "x": static_x}, "silu")
-    for seed in (12, 13):
-        t2 = make_gated(96, 512, 2048, 1024, torch.bfloat16, "cuda", True, seed=seed)
-        static_x.copy_(t2["x"])
-        graph.replay()
-        eager = run_gated(fused_mlp, {**t, "x": t2["x"]}, "silu")
-        torch.cuda.synchronize()
-        ref = ref_gated(fused_mlp, {**t, "x": t2["x"]}, "silu")
-        check(y.cpu(), ref, TOL[torch.bfloat16], "graph replay")
-        check(eager.cpu(), ref, TOL[torch.bfloat16], "eager between replays")
 
 
 @pytest.mark.gpu

@@ -12,9 +12,7 @@ as TMA and persistent TMA). dh: each with PREFETCH on and off (the epilogue's
 pre-activation tiles loaded before the tile loop or after it; never with persistent
 kernels), and the whole-tile epilogue (SUBTILE=0) for the first config.
 References in the same process: cuBLAS's GEMM of the same shape alone, and (dh) the
-unfused backward of the same step (cuBLAS dh, then PyTorch's elementwise derivative);
-(gated forward) cuBLAS's second GEMM of the MLP, and for M <= SPLIT_K_MAX_M our split-K
-kernels for it.
+unfused backward of the same step (cuBLAS dh, then PyTorch's elementwise derivative).
 Each variant's output (not in place, so repeated runs read the same inputs) is checked
 against float64 before it is timed. Timing: triton.testing.do_bench, median, L2 flushed
 between runs.
@@ -58,16 +56,6 @@ EXTRA = [(128, 256, 64, 8, 8, 3), (256, 128, 64, 8, 8, 3)]
 EXTRA_GATED_FEW_TOKENS = [(128, 64, 64, 8, 4, 3), (128, 32, 64, 8, 4, 4), (128, 32, 128, 8, 4, 3),
                           (64, 64, 128, 8, 4, 3), (128, 64, 128, 8, 4, 3), (128, 128, 64, 8, 8, 4),
                           (64, 32, 128, 8, 4, 4)]
-
-# ... and for the second GEMM's split-K kernel at M <= 512: two or three programs per SM
-# (3 stages / narrower tiles), deeper pipelines, more splits
-# (block_m, block_n, block_k, group_m, warps, stages, tma, persistent, prefetch, split_k).
-EXTRA_SPLIT_K = [(128, 128, 64, 8, 8, 3, False, False, False, 4), (128, 128, 64, 8, 8, 3, False, False, False, 8),
-                 (128, 64, 64, 8, 4, 3, False, False, False, 4), (128, 64, 64, 8, 4, 3, False, False, False, 8),
-                 (128, 64, 64, 8, 4, 4, False, False, False, 4), (128, 64, 64, 8, 4, 6, False, False, False, 4),
-                 (128, 32, 64, 8, 4, 4, False, False, False, 2), (128, 32, 64, 8, 4, 4, False, False, False, 4),
-                 (128, 128, 64, 8, 8, 5, False, False, False, 4), (128, 64, 32, 8, 4, 8, False, False, False, 4),
-                 (128, 64, 64, 8, 8, 4, False, False, False, 4), (128, 128, 32, 8, 8, 6, False, False, False, 4)]
 
 
 def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
@@ -166,15 +154,6 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
         # the MLP's second GEMM, for the split of the whole forward's time
         hh, wd = torch.randn(m, n, device="cuda", dtype=dtype, generator=g), w1.t().contiguous()
         timed(rows, {"kernel": "fwd", "case": name}, "cublas_down", lambda: torch.mm(hh, wd.t()), None, bench)
-        if m <= tg.SPLIT_K_MAX_M:  # the split-K kernels the tuner offers for that GEMM
-            want_down = hh.double() @ wd.double().t()
-            down = torch.empty(m, k, device="cuda", dtype=dtype)
-            for c in list(dict.fromkeys(tg._SPLIT_K_CONFIGS + [tg.Config(*e) for e in EXTRA_SPLIT_K])):
-                down.fill_(float("nan"))
-                timed(rows, {"kernel": "down", "case": name, "config": list(c)}, f"down {label(c)} split_k={c.split_k}",
-                      lambda c=c: tg.split_k_linear(hh, wd, None, config=c, out=down), lambda: rel_err(down, want_down),
-                      bench)
-            del want_down, down
         del hh, wd
     else:
         b1 = torch.randn(n, device="cuda", dtype=dtype, generator=g)

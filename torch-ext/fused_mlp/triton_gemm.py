@@ -474,72 +474,6 @@ def _dual_gemm_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["M"])
-def _split_k_linear_kernel(
-    a_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, count_ptr,
-    M, N, K,
-    stride_am, stride_ak,
-    stride_wk, stride_wn,
-    stride_om, stride_on,
-    HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,  # programs per output tile, each over 1 / SPLIT_K of K
-    EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    """out = a @ w (+ bias) for a [M, K], w read as [K, N], with K split over SPLIT_K
-    programs per output tile: the second GEMM of an MLP for few tokens, where the output
-    has too few tiles to keep the SMs streaming the weight.
-
-    Program pid takes tile pid % tiles and K blocks [split * per, (split + 1) * per) of its
-    tile, split = pid // tiles. With SPLIT_K > 1 each program stores its fp32 partial tile
-    in ws[split, tile] and counts itself in count[tile]; the program that arrives last sums
-    the SPLIT_K partials in split order (its own too, read back: holding it in registers
-    through the sum spills; the result does not depend on the arrival order),
-    adds the bias, stores, and sets count[tile] back to 0 for the next launch."""
-    num_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
-    pid = tl.program_id(0)
-    tile = pid % num_tiles
-    split = pid // num_tiles
-    pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    per = ((K + BLOCK_K - 1) // BLOCK_K + SPLIT_K - 1) // SPLIT_K  # K blocks per split
-    k_start = split * per * BLOCK_K
-    k_len = tl.minimum(K - k_start, per * BLOCK_K)  # <= 0: an empty split (still counted)
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    acc = _k_loop(acc, a_ptr + k_start * stride_ak, w_ptr + k_start * stride_wk, rm, rn, k_len,
-                  stride_am, stride_ak, stride_wk, stride_wn, EVEN_K, DOT_PRECISION, BLOCK_K)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if SPLIT_K == 1:
-        _store_linear(acc, b_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, stride_on, HAS_BIAS)
-    else:
-        tile_elems = BLOCK_M * BLOCK_N
-        part = ws_ptr + tile * tile_elems + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(part + split * num_tiles * tile_elems, acc)
-        tl.debug_barrier()  # every thread's partial is written before the count says so
-        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.load(part, cache_modifier=".cg")  # (".cg": L2, never a stale L1 line)
-            for s in tl.static_range(1, SPLIT_K):
-                total += tl.load(part + s * num_tiles * tile_elems, cache_modifier=".cg")
-            _store_linear(total, b_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, stride_on, HAS_BIAS)
-            tl.atomic_xchg(count_ptr + tile, 0)
-
-
-@triton.jit
-def _store_linear(acc, b_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, stride_on, HAS_BIAS: tl.constexpr):
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
-             acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 INTERPRETED: bool = type(_fused_linear_kernel).__name__ == "InterpretedFunction"
 
 # ----------------------------------------------------------------------------- configs
@@ -555,7 +489,6 @@ class Config(NamedTuple):
     tma: bool = False  # _fused_linear_kernel_tma (sm_90+, 16-byte aligned rows) instead of pointer loads
     persistent: bool = False  # TMA only: about one program per SM walking the tiles (PERSISTENT)
     prefetch: bool = False  # backward, not persistent: the epilogue's loads before the tile loop (PREFETCH)
-    split_k: int = 1  # _split_k_linear_kernel only: programs per output tile (SPLIT_K)
 
 
 # Candidates by M range, fastest-expected first (the first one is the untimed default,
@@ -1087,169 +1020,18 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
     return out
 
 
-# ----------------------------------------------------------------------------- second GEMM
-
-# The split-K kernel is offered for the second GEMM up to this many tokens (beyond, the
-# output has enough tiles for every SM) ...
-SPLIT_K_MAX_M = 512
-# ... in these configs, timed against cuBLAS on the first call of a shape bucket (cuBLAS
-# first: the untimed choice, e.g. during CUDA-graph capture). (block_m, block_n, block_k,
-# group_m, warps, stages, split_k); block_m is clamped to M.
-# (128 x 128 tiles with 8 warps: with 4, summing the partials spills, AOT-compiled for sm_90.)
-_SPLIT_K_CONFIGS = [Config(128, 128, 64, 8, 8, 4, split_k=4), Config(128, 128, 64, 8, 8, 4, split_k=2),
-                    Config(128, 64, 64, 8, 4, 4, split_k=2), Config(128, 128, 64, 8, 8, 4, split_k=8),
-                    Config(128, 64, 128, 8, 4, 3, split_k=4)]
-# Arrival counters of the split-K kernel by (device, stream): zeros between launches (the
-# last program of each tile resets its counter), so that an eager launch needs no memset.
-_COUNTERS: dict[tuple, Tensor] = {}
-
-
-def _split_k_counters(device: torch.device, tiles: int) -> Tensor:
-    """Zeroed int32 counters for `tiles` tiles. Eager launches on one stream run one after
-    the other and share the counters of that stream. While a CUDA graph is captured, the
-    counters are the graph's own (zeroed by a memset node in the graph): graphs may replay
-    on any stream, concurrently with each other."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return torch.zeros(tiles, device=device, dtype=torch.int32)
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    counters = _COUNTERS.get(key)
-    if counters is None or counters.shape[0] < tiles:
-        counters = _COUNTERS[key] = torch.zeros(max(tiles, 1024), device=device, dtype=torch.int32)
-    return counters
-
-
-def _split_k_args(cfg: Config, x: Tensor, w: Tensor, w_kn: bool, bias: Optional[Tensor], out: Tensor):
-    """(grid, arguments, compile-time arguments) of one launch of _split_k_linear_kernel."""
-    M, K = x.shape
-    N = out.shape[1]
-    bm, bn = min(cfg.block_m, _pow2_at_least_16(M)), min(cfg.block_n, _pow2_at_least_16(N))
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    sk = max(1, min(cfg.split_k, triton.cdiv(K, cfg.block_k)))
-    if sk > 1:
-        ws = torch.empty(sk * tiles * bm * bn, device=x.device, dtype=torch.float32)
-        counts = _split_k_counters(x.device, tiles)
-    else:
-        ws = counts = out  # placeholders, never read
-    swk, swn = (w.stride(0), w.stride(1)) if w_kn else (w.stride(1), w.stride(0))
-    args = (x, w, bias if bias is not None else out, out, ws, counts, M, N, K,
-            x.stride(0), x.stride(1), swk, swn, out.stride(0), out.stride(1))
-    consts = dict(HAS_BIAS=bias is not None, SPLIT_K=sk, EVEN_K=K % cfg.block_k == 0,
-                  DOT_PRECISION=_dot_precision(x.dtype), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg.block_k,
-                  GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return (tiles * sk,), args, consts
-
-
-def _launch_split_k(cfg: Config, x: Tensor, w: Tensor, w_kn: bool, bias: Optional[Tensor], out: Tensor):
-    """One launch through Triton's JIT: (the compiled kernel, its compile-time arguments in
-    signature order), for a launcher that skips the JIT next time (see second_linear)."""
-    grid, args, consts = _split_k_args(cfg, x, w, w_kn, bias, out)
-    compiled = _split_k_linear_kernel[grid](*args, **consts)
-    runner = None
-    if hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
-        runner = compiled[(grid[0], 1, 1)]
-    return runner, tuple(consts[name] for name in _split_k_linear_kernel.arg_names[len(args):])
-
-
-def split_k_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], weight_layout: str = "linear",
-                   config: Optional[Config] = None, *, out: Optional[Tensor] = None) -> Tensor:
-    """x @ W^T + b (W as nn.Linear [N, K], or Conv1D [K, N] with weight_layout="conv1d")
-    by the split-K kernel in `config` (default: the first of _SPLIT_K_CONFIGS)."""
-    M, K = x.shape
-    w_kn = weight_layout == "conv1d"
-    N = weight.shape[1] if w_kn else weight.shape[0]
-    if out is None:
-        out = torch.empty((M, N), device=x.device, dtype=x.dtype)
-    if M == 0 or N == 0:
-        return out
-    if K == 0:
-        return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    cfg = config or (INTERPRETER_CONFIG._replace(split_k=3) if INTERPRETED else _SPLIT_K_CONFIGS[0])
-    with _on_device(x):
-        _launch_split_k(cfg, x, weight, w_kn, bias, out)
-    return out
-
-
-def _second_gemm_choice(x: Tensor, weight: Tensor, n: int, w_kn: bool,
-                        bias: Optional[Tensor]) -> tuple[Optional[Config], bool]:
-    """The second GEMM's kernel for x [M, K] (M <= SPLIT_K_MAX_M, CUDA, 16-bit): None for
-    cuBLAS or the split-K config that measured faster for this shape bucket, and whether
-    the choice is final (not while a CUDA graph is captured before any timing)."""
-    m, k = x.shape
-    dev = _device_key(x.device.index if x.device.index is not None else torch.cuda.current_device())
-    key = ("second", m_bucket(m), n, k, x.dtype, dev, w_kn, bias is not None)
-    if key in _TUNED:
-        return _TUNED[key], True
-    if not _autotune_enabled():
-        return None, True
-    if torch.cuda.is_current_stream_capturing():
-        return None, False  # not cached: a later, uncaptured call still tunes
-    scratch = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    w_lin = weight.t() if w_kn else weight
-    best, best_ms = None, _time_ms(lambda: F.linear(x, w_lin, bias))
-    for c in _SPLIT_K_CONFIGS:
-        try:
-            ms = _time_ms(lambda: _launch_split_k(c, x, weight, w_kn, bias, scratch))
-        except Exception:  # does not fit this GPU, or a compile failure: cuBLAS remains
-            continue
-        if ms < best_ms:
-            best, best_ms = c, ms
-    _TUNED[key] = best
-    return best, True
-
-
-# The second GEMM's call signatures seen so far (as _PLANS for the first GEMM): key -> None
-# (cuBLAS) or (config, the compiled kernel's launcher, its compile-time arguments).
-_SECOND_PLANS: dict[tuple, Optional[tuple]] = {}
-
-
-def second_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor], weight_layout: str = "linear") -> Tensor:
-    """The MLP's second GEMM, y = h W^T + b: cuBLAS, or for few tokens (M <= SPLIT_K_MAX_M,
-    16-bit CUDA tensors) the split-K kernel where it measured faster for the shape."""
-    w_kn = weight_layout == "conv1d"
-    m = h.shape[0]
-    if (INTERPRETED or not 0 < m <= SPLIT_K_MAX_M or h.dtype not in (torch.float16, torch.bfloat16)
-            or h.get_device() < 0 or h.shape[1] == 0):
-        return F.linear(h, weight.t() if w_kn else weight, bias)  # conv1d: a view, cuBLAS reads it transposed
-    key = (h.shape, h.stride(), h.dtype, h.get_device(), weight.shape, weight.stride(), w_kn,
-           h.data_ptr() % 16, weight.data_ptr() % 16,
-           None if bias is None else (bias.stride(), bias.data_ptr() % 16), os.environ.get("FUSED_MLP_AUTOTUNE"))
-    plan = _SECOND_PLANS.get(key, False)  # False: a signature not seen yet
-    if plan is None:
-        return F.linear(h, weight.t() if w_kn else weight, bias)
-    n = weight.shape[1] if w_kn else weight.shape[0]
-    with _on_device(h):
-        if plan is False:
-            cfg, final = _second_gemm_choice(h, weight, n, w_kn, bias)
-            if cfg is not None:
-                out = torch.empty((m, n), device=h.device, dtype=h.dtype)
-                plan = (cfg, *_launch_split_k(cfg, h, weight, w_kn, bias, out))
-            if final:
-                if len(_SECOND_PLANS) >= _MAX_PLANS:
-                    _SECOND_PLANS.clear()
-                _SECOND_PLANS[key] = None if cfg is None else plan
-            if cfg is None:
-                return F.linear(h, weight.t() if w_kn else weight, bias)
-            return out
-        cfg, runner, tail = plan
-        out = torch.empty((m, n), device=h.device, dtype=h.dtype)
-        if runner is None:  # (a Triton whose compiled kernels have no launcher of their own)
-            _launch_split_k(cfg, h, weight, w_kn, bias, out)
-        else:
-            _, args, _ = _split_k_args(cfg, h, weight, w_kn, bias, out)
-            runner(*args, *tail)
-    return out
-
-
 def gated_mlp(x, gate_weight, up_weight, down_weight, activation_id, gate_bias, up_bias, down_bias):
-    """The whole gated MLP: fused gate/up kernel, then the down projection (second_linear)."""
+    """The whole gated MLP: fused gate/up kernel, then cuBLAS for the down projection."""
     h = gated_linear(x, gate_weight, up_weight, gate_bias, up_bias, activation_id)
-    return second_linear(h, down_weight, down_bias)
+    return F.linear(h, down_weight, down_bias)
 
 
 def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, weight_layout):
-    """The whole plain MLP: GEMM + bias + activation kernel, then the projection (second_linear)."""
+    """The whole plain MLP: GEMM + bias + activation kernel, then cuBLAS (+bias)."""
     h = linear_act(x, fc_weight, fc_bias, activation_id, weight_layout)
-    return second_linear(h, proj_weight, proj_bias, weight_layout)
+    if weight_layout == "conv1d":
+        proj_weight = proj_weight.t()  # a view: cuBLAS reads the [K, N] weight transposed
+    return F.linear(h, proj_weight, proj_bias)
 
 
 @functools.lru_cache(maxsize=None)
