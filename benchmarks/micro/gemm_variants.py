@@ -58,14 +58,26 @@ EXTRA_GATED_FEW_TOKENS = [(128, 64, 64, 8, 4, 3), (128, 32, 64, 8, 4, 4), (128, 
                           (64, 32, 128, 8, 4, 4)]
 
 
+# ... and persistent TMA kernels with narrower tiles (at most 64 accumulator elements per
+# thread for the gated forward's two accumulators / the dh kernel's epilogue), so that the
+# next tile's loads have registers to land in while this tile's epilogue runs
+# (`--persistent-narrow`; session 4 tried only the 128 x 128 gated / dh tiles persistent).
+EXTRA_PERSISTENT_NARROW = [(128, 64, 64, 8, 8, 4), (128, 64, 64, 8, 8, 3), (64, 128, 64, 8, 8, 4),
+                           (128, 64, 64, 8, 4, 4), (64, 128, 64, 8, 4, 4), (64, 64, 64, 8, 4, 4)]
+PERSISTENT_NARROW = False
+
+
 def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
     """The candidates plus EXTRA (if `extra`), each extra also as TMA and persistent TMA;
-    few_tokens: plus EXTRA_GATED_FEW_TOKENS, each also as TMA."""
+    few_tokens: plus EXTRA_GATED_FEW_TOKENS, each also as TMA; with PERSISTENT_NARROW,
+    EXTRA_PERSISTENT_NARROW as persistent TMA kernels."""
     more = [tg.Config(*e) for e in EXTRA] if extra else []
     more += [c._replace(tma=True) for c in more] + [c._replace(tma=True, persistent=True) for c in more]
     if few_tokens:
         few = [tg.Config(*e) for e in EXTRA_GATED_FEW_TOKENS]
         more += few + [c._replace(tma=True) for c in few]
+    if PERSISTENT_NARROW:
+        more += [tg.Config(*e)._replace(tma=True, persistent=True) for e in EXTRA_PERSISTENT_NARROW]
     return list(dict.fromkeys(cands + more))
 
 
@@ -191,7 +203,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gemm_variants_h200.json"))
     ap.add_argument("--kernels", default="dh,fwd")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--persistent-narrow", action="store_true", help="also EXTRA_PERSISTENT_NARROW (see there)")
     args = ap.parse_args()
+    global PERSISTENT_NARROW
+    PERSISTENT_NARROW = args.persistent_narrow
     if not torch.cuda.is_available():
         raise SystemExit("[gemm] needs a CUDA GPU")
     import triton
