@@ -23,6 +23,7 @@ import argparse
 import cProfile
 import importlib
 import io
+import os
 import pstats
 import time
 
@@ -59,7 +60,7 @@ def profile(fn, calls: int, say, title: str) -> None:
     say(s.getvalue()[:7000])
 
 
-def train_host_time(fm, say) -> None:
+def train_host_time(fm, say, detail: bool = False) -> None:
     m, d, h, dt, dev = 8192, 768, 3072, torch.bfloat16, "cuda"
 
     def leaf(*shape, scale=1.0):
@@ -91,12 +92,44 @@ def train_host_time(fm, say) -> None:
     for name, fn in steps.items():
         say(f"  {name:<36} {host_us(fn, n=20):8.1f}")
     profile(steps["ours mlp gelu_tanh +bias"], 20, say, "20 plain-MLP training steps (ours)")
+    if not detail:
+        return
+    # where the gated step's host time goes: without TMA descriptors, torch.profiler's CPU
+    # side (launch and driver calls included), cProfile by cumulative time
+    gated = steps["ours gated_mlp gelu_tanh"]
+    os.environ["FUSED_MLP_TMA"] = "0"
+    gated()
+    torch.cuda.synchronize()
+    say(f"  ours gated_mlp, FUSED_MLP_TMA=0        {host_us(gated, n=20):8.1f}")
+    del os.environ["FUSED_MLP_TMA"]
+    gated()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            gated()
+        torch.cuda.synchronize()
+    say("## torch.profiler, 10 gated training steps (ours), CPU self time")
+    say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(20):
+        gated()
+    pr.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(45)
+    say("## cProfile of 20 gated training steps (ours), by cumulative time")
+    say(out.getvalue()[:12000])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the report to this file")
     ap.add_argument("--train", action="store_true", help="training steps only (see the docstring)")
+    ap.add_argument("--train-detail", action="store_true",
+                    help="with --train: the gated step without TMA, torch.profiler and cProfile by cumulative time")
     args = ap.parse_args()
     lines: list[str] = []
 
@@ -110,7 +143,7 @@ def main() -> None:
     dev = "cuda"
     say(f"# host us/call (min of 3 loops of 300 calls), {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if args.train:
-        train_host_time(fm, say)
+        train_host_time(fm, say, args.train_detail)
         cases = {}
     else:
         cases = {"m128 d4096 h14336": (128, 4096, 14336), "m8192 d768 h3072": (8192, 768, 3072)}
