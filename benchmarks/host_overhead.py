@@ -106,7 +106,7 @@ def train_host_time(fm, say, detail: bool = False) -> None:
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
             gated()
         torch.cuda.synchronize()
