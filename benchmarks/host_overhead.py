@@ -97,11 +97,15 @@ def train_host_time(fm, say, detail: bool = False) -> None:
     # where the gated step's host time goes: without TMA descriptors, torch.profiler's CPU
     # side (launch and driver calls included), cProfile by cumulative time
     gated = steps["ours gated_mlp gelu_tanh"]
+    before = os.environ.get("FUSED_MLP_TMA")
     os.environ["FUSED_MLP_TMA"] = "0"
     gated()
     torch.cuda.synchronize()
     say(f"  ours gated_mlp, FUSED_MLP_TMA=0        {host_us(gated, n=20):8.1f}")
-    del os.environ["FUSED_MLP_TMA"]
+    if before is None:
+        del os.environ["FUSED_MLP_TMA"]
+    else:
+        os.environ["FUSED_MLP_TMA"] = before
     gated()
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity
