@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""cuBLAS on the MLP's second GEMM at few tokens, y = h @ W^T (h [M, H], W [D, H], nn.Linear
+layout), in forms that give cuBLAS different problem shapes: F.linear as the MLP runs it
+(cuBLAS's m = D, n = M), the transposed product W @ h^T (m = M, n = D) with and without
+the copy back to [M, D], and, for reference only, against a [H, D] copy of the weight.
+
+    python benchmarks/micro/down_gemm_forms.py [--out FILE]
+
+Timing: triton.testing.do_bench, median, L2 flushed between runs; each form is checked
+against float64 first."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import triton
+    import triton.testing
+
+    rows = []
+    for m in (128, 512):
+        for d, h in ((4096, 14336),):
+            g = torch.Generator(device="cuda").manual_seed(m)
+            x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16, generator=g)
+            w = torch.randn(d, h, device="cuda", dtype=torch.bfloat16, generator=g) * h**-0.5
+            b = torch.randn(d, device="cuda", dtype=torch.bfloat16, generator=g)
+            want = (x.double() @ w.double().t()).float()
+            w_kn = w.t().contiguous()
+            forms = {
+                "F.linear(h, W)": lambda: F.linear(x, w),
+                "F.linear(h, W, b)": lambda: F.linear(x, w, b),
+                "mm(W, h^T) (transposed result)": lambda: torch.mm(w, x.t()),
+                "mm(W, h^T).t().contiguous()": lambda: torch.mm(w, x.t()).t().contiguous(),
+                "mm(h, W_kn) (weight copy, reference only)": lambda: torch.mm(x, w_kn),
+            }
+            for name, fn in forms.items():
+                y = fn()
+                y = y.t() if "transposed result" in name else y
+                if "b)" in name:
+                    y = y - b
+                err = ((y.float() - want).norm() / want.norm()).item()
+                ms = float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+                rows.append({"m": m, "d": d, "h": h, "form": name, "us": ms * 1e3, "rel_err": err})
+                print(f"[down] m={m} {name:<42} {ms * 1e3:7.1f} us  err {err:.1e}", flush=True)
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
