@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import datetime
+import importlib
+import shlex
+import sys
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
+
+
+def module_version(name: str) -> Optional[str]:
+    """`name.__version__`, or None where the module does not import."""
+    try:
+        return importlib.import_module(name).__version__
+    except Exception:
+        return None
+
+
+def run_info(device: str = "cuda") -> dict:
+    """The head of every results file: GPU, torch and Triton versions, UTC date and the
+    command line that made it."""
+    return {
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
+        "torch": torch.__version__,
+        "triton": module_version("triton"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+    }
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -23,11 +23,8 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import shlex
-import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -40,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import rel_err  # noqa: E402
+from _common import rel_err, run_info  # noqa: E402
 from _common import copy_bandwidth as _copy_bandwidth  # noqa: E402
 
 DEVICE = "cuda"
@@ -91,7 +88,6 @@ def run(out_path: Path, rows: int, d: int) -> dict:
     from kernels import get_kernel
 
     fused_mlp = get_kernel(REPO_ID, version=1)
-    import triton
 
     torch.manual_seed(0)
     copy_gbps = copy_bandwidth()
@@ -162,11 +158,7 @@ def run(out_path: Path, rows: int, d: int) -> dict:
         )
 
     report = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        **run_info(),
         "copy_bandwidth_GBps": round(copy_gbps, 1),
         "liger": None if liger is not None else f"not measured: {liger_why}",
         "rows": results,

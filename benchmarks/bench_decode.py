@@ -40,14 +40,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import math
 import os
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -60,7 +57,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import rel_err  # noqa: E402
+from _common import rel_err, run_info  # noqa: E402
 from _common import copy_bandwidth as _copy_bandwidth  # noqa: E402
 
 DEVICE = "cuda"
@@ -216,7 +213,6 @@ def run(args) -> dict:
     dec = decode_module(fused_mlp)
     if not dec.available(torch.device(DEVICE)):
         raise SystemExit("[bench] this build has no decode kernels for CUDA")
-    import triton
 
     gen = torch.Generator(device=DEVICE)
     gen.manual_seed(0)
@@ -349,11 +345,7 @@ def run(args) -> dict:
     sweep = sweep_configs(dec, weights_by_shape, gen, timings) if args.sweep_configs else None
 
     report = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        **run_info(),
         "copy_bandwidth_GBps": round(copy_gbps, 1),
         "l2_bytes": l2_bytes(),
         "liger": "measured" if liger is not None else f"not measured: {liger_why}",

@@ -29,10 +29,7 @@ floor_ms}), and a PNG next to it if matplotlib is importable.
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -42,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import rel_err  # noqa: E402
+from _common import module_version, rel_err, run_info  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_forward_h200.json"
@@ -339,25 +336,14 @@ def run(args) -> dict:
     if tg is not None:
         tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()}
     return {
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
-        "torch": torch.__version__,
-        "triton": _version("triton"),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        **run_info(device),
         "rows": rows,
         "ceilings": ceil,
         "verification": verification,
         "tuned_configs": tuned,
-        "liger": _version("liger_kernel"),
+        "liger": module_version("liger_kernel"),
         "wall_s": round(time.time() - t0, 1),
     }
-
-
-def _version(mod: str):
-    try:
-        return importlib.import_module(mod).__version__
-    except Exception:
-        return None
 
 
 def print_table(res: dict) -> None:

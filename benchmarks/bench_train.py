@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import sys
@@ -68,10 +67,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _common import rel_err  # noqa: E402  (same directory)
+from _common import module_version, rel_err, run_info  # noqa: E402  (same directory)
 import bench_mlp  # noqa: E402
 from bench_mlp import Case as ForwardCase  # noqa: E402
-from bench_mlp import Timer, _version, ceilings, eager_gated, eager_mlp, graphed, load_liger  # noqa: E402
+from bench_mlp import Timer, ceilings, eager_gated, eager_mlp, graphed, load_liger  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_train_h200.json"
 PEERS = ("eager", "compile", "liger")
@@ -343,16 +342,12 @@ def run(args) -> dict:
     tg = sys.modules.get(fm.__name__ + ".triton_gemm")
     tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()} if tg is not None else {}
     res = {
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
-        "torch": torch.__version__,
-        "triton": _version("triton"),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        **run_info(device),
         "rows": rows,
         "ceilings": ceil,
         "verification": verification,
         "tuned_configs": tuned,
-        "liger": _version("liger_kernel"),
+        "liger": module_version("liger_kernel"),
         "wall_s": round(time.time() - t0, 1),
     }
     if args.variants:

@@ -12,13 +12,15 @@ against float64 first."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import shlex
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import rel_err, run_info  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +37,7 @@ def main() -> None:
             x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16, generator=g)
             w = torch.randn(d, h, device="cuda", dtype=torch.bfloat16, generator=g) * h**-0.5
             b = torch.randn(d, device="cuda", dtype=torch.bfloat16, generator=g)
-            want = (x.double() @ w.double().t()).float()
+            want = x.double() @ w.double().t()
             w_kn = w.t().contiguous()
             forms = {
                 "F.linear(h, W)": lambda: F.linear(x, w),
@@ -49,13 +51,11 @@ def main() -> None:
                 y = y.t() if "transposed result" in name else y
                 if "b)" in name:
                     y = y - b
-                err = ((y.float() - want).norm() / want.norm()).item()
+                err = rel_err(y, want)
                 ms = float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
                 rows.append({"m": m, "d": d, "h": h, "form": name, "us": ms * 1e3, "rel_err": err})
                 print(f"[down] m={m} {name:<42} {ms * 1e3:7.1f} us  err {err:.1e}", flush=True)
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "rows": rows}
+    report = {**run_info(), "rows": rows}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -21,11 +21,9 @@ between runs.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -36,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import rel_err  # noqa: E402
+from _common import rel_err, run_info  # noqa: E402
 
 # name -> (gated, M, K (= model dim), N (= hidden), activation); plain cases have a bias
 CASES = {
@@ -234,11 +232,7 @@ def main() -> None:
                     print(f"[gemm] {kernel} {name}: best {best['variant']} {best['ms'] * 1e3:.1f} us ({refs})",
                           flush=True)
 
-    report = {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "rows": rows,
-    }
+    report = {**run_info(), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(f"[gemm] wrote {args.out}")
