@@ -47,7 +47,7 @@ def host_us(fn, n: int = 300) -> float:
     return best
 
 
-def profile(fn, calls: int, say, title: str) -> None:
+def profile(fn, calls: int, say, title: str, by: str = "tottime", rows: int = 25, chars: int = 7000) -> None:
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(calls):
@@ -55,9 +55,9 @@ def profile(fn, calls: int, say, title: str) -> None:
     pr.disable()
     torch.cuda.synchronize()
     s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
-    say(f"## cProfile of {title}, by own time")
-    say(s.getvalue()[:7000])
+    pstats.Stats(pr, stream=s).sort_stats(by).print_stats(rows)
+    say(f"## cProfile of {title}, by {'own' if by == 'tottime' else by} time")
+    say(s.getvalue()[:chars])
 
 
 def train_host_time(fm, say, detail: bool = False) -> None:
@@ -116,16 +116,7 @@ def train_host_time(fm, say, detail: bool = False) -> None:
         torch.cuda.synchronize()
     say("## torch.profiler, 10 gated training steps (ours), CPU self time")
     say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(20):
-        gated()
-    pr.disable()
-    torch.cuda.synchronize()
-    out = io.StringIO()
-    pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(45)
-    say("## cProfile of 20 gated training steps (ours), by cumulative time")
-    say(out.getvalue()[:12000])
+    profile(gated, 20, say, "20 gated training steps (ours)", by="cumulative", rows=45, chars=12000)
 
 
 def main() -> None:

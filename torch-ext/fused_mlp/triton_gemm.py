@@ -561,7 +561,9 @@ _BWD_CONFIGS = {
     ],
     # Measured on the H200 at M = 8192, 768 -> 3072 (results/gemm_variants_h200.json): the
     # plain dh kernel is fastest at 128 x 128 without prefetch (103 us), the gated one at
-    # 128 x 64 / 4 warps with TMA and prefetch (145 us; 64 x 128 with prefetch 148).
+    # 128 x 64 / 4 warps with TMA and prefetch (145 us; 64 x 128 with prefetch 148). Session
+    # 5 (gemm_variants_h200_persistent_narrow.json) ranked those two the other way round
+    # (64 x 128: 128 us, 128 x 64: 145): both are timed as TMA variants, the tuner picks.
     "large": [
         Config(128, 128, 64, 8, 8, 3),
         Config(128, 64, 64, 8, 4, 4, prefetch=True),
