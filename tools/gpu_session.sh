@@ -4,7 +4,7 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build test test-gpu bench-act micro-act micro-gemm host-overhead bench-mlp bench-decode bench-train
+#   steps: build test test-gpu bench-act micro-act micro-gemm micro-lt host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
@@ -82,6 +82,11 @@ if has micro-gemm; then
   step "micro-gemm ${MICRO_GEMM_ARGS:-}"
   $PY benchmarks/micro/gemm_variants.py --out "$OUT/gemm_variants_h200.json" ${MICRO_GEMM_ARGS:-} > "$OUT/gemm_variants_h200.txt" 2>&1
   grep -E "best|Traceback|Error" "$OUT/gemm_variants_h200.txt" | tail -20 | tee -a "$LOG"
+fi
+if has micro-lt; then
+  # The plain MLP's first GEMM with cuBLASLt's bias + activation epilogue against ours.
+  step micro-lt
+  $PY benchmarks/micro/lt_epilogue.py --out "$OUT/lt_epilogue_h200.json" 2>&1 | tail -30 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead
