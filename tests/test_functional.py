@@ -738,6 +738,58 @@ def test_gpu_linear_act_bf16(fused_mlp, monkeypatch, m, layout, decode):
               TOL[torch.bfloat16], f"linear_act bf16 {act} {layout} M={m}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("cublaslt", ["1", "0"])
+def test_gpu_cublaslt_candidate(gpu, monkeypatch, dtype, cublaslt):
+    """The plain forward's first GEMM with a bias and gelu_tanh / relu runs as cuBLASLt's
+    epilogue (torch._addmm_activation) when FUSED_MLP_CUBLASLT allows it (the untimed
+    default), as our kernel otherwise; other activations and bias-free calls never take
+    it; both are right against float64 (mlp and linear_act, both layouts, awkward M)."""
+    monkeypatch.setenv("FUSED_MLP_CUBLASLT", cublaslt)
+    calls = []
+    real = torch._addmm_activation
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("use_gelu"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_addmm_activation", counting)
+    d, h, o = ODD
+    tol = _gpu_tol(dtype)
+    for m in (3, 777):
+        for layout in ("linear", "conv1d"):
+            for act, bias in (("gelu_tanh", True), ("relu", True), ("gelu", True), ("gelu_tanh", False)):
+                calls.clear()
+                p = make_plain(m, d, h, o, dtype, "cuda", bias, layout, seed=m)
+                check(run_plain(gpu, p, act, layout).cpu(), ref_plain(gpu, p, act, layout), tol,
+                      f"mlp {act} bias={bias} {layout} M={m} {dtype}")
+                t = make_linear(m, d, h, dtype, "cuda", bias, layout, seed=m + 1)
+                check(run_linear_act(gpu, t, act, layout).cpu(), ref_linear_act(gpu, t, act, layout), tol,
+                      f"linear_act {act} bias={bias} {layout} M={m} {dtype}")
+                eligible = cublaslt == "1" and bias and act in ("gelu_tanh", "relu")
+                assert calls == ([act == "gelu_tanh"] * 2 if eligible else []), (act, bias, layout, calls)
+
+
+@pytest.mark.gpu
+def test_gpu_cublaslt_choice_is_timed_and_cached(gpu, monkeypatch):
+    """With autotuning on, cuBLASLt and our kernel are timed once per shape bucket; the
+    choice is cached and the result is right whichever won."""
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    monkeypatch.setenv("FUSED_MLP_CUBLASLT", "1")
+    tg = triton_gemm_module(gpu)
+    d, h, o = ODD
+    p = make_plain(500, d, h, o, torch.bfloat16, "cuda", True, "linear", seed=7)
+    check(run_plain(gpu, p, "relu", "linear").cpu(), ref_plain(gpu, p, "relu", "linear"), TOL[torch.bfloat16], "timed")
+    keys = [k for k in tg._CUBLASLT_CHOICE if k[:3] == (512, h, d)]
+    assert len(keys) == 1, list(tg._CUBLASLT_CHOICE)
+    n = len(tg._CUBLASLT_CHOICE)
+    p2 = make_plain(400, d, h, o, torch.bfloat16, "cuda", True, "linear", seed=8)  # same bucket
+    check(run_plain(gpu, p2, "relu", "linear").cpu(), ref_plain(gpu, p2, "relu", "linear"), TOL[torch.bfloat16],
+          "same bucket")
+    assert len(tg._CUBLASLT_CHOICE) == n
+
+
 def test_dispatch_counts_the_span_of_strided_views(fused_mlp):
     """The Triton kernels index in 32 bits: a strided view whose elements are few but lie far
     apart (rows of a wider buffer) must take the reference path, like a large tensor."""

@@ -44,7 +44,10 @@ and timed on the first call of each shape bucket (M rounded up to a power of two
 K, dtype, GPU, TMA-eligible); the winner is cached for the process. Set
 FUSED_MLP_AUTOTUNE=0 to skip the timing and take the first candidate (also what
 happens during CUDA-graph capture, when nothing may be timed), FUSED_MLP_TMA=0 to
-leave the TMA kernel out.
+leave the TMA kernel out. The plain forward's first GEMM (linear_act without `pre`) with a
+bias and gelu_tanh or relu has one more candidate, not a Triton kernel: cuBLASLt's own
+bias + activation epilogue (torch._addmm_activation), timed against ours the same way and
+the untimed default (measured faster on the H200); FUSED_MLP_CUBLASLT=0 leaves it out.
 
 Host time: every launch on CUDA goes through a launch plan (_planned), keyed by what the
 config, the grid, the non-tensor arguments and Triton's specialization depend on (shapes,
@@ -951,6 +954,9 @@ def linear_act(
     M, K = x.shape
     w_kn = weight_layout == "conv1d"
     N = weight.shape[1] if w_kn else weight.shape[0]
+    if (config is None and pre is None and out is None and M > 0 and N > 0
+            and _prefer_cublaslt(x, weight, bias, activation_id, w_kn)):
+        return _cublaslt_linear_act(x, weight, bias, activation_id, w_kn)
     if out is None:
         out = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if M == 0 or N == 0:
@@ -962,6 +968,56 @@ def linear_act(
         with _on_device(x):
             _launch(config, x, weight, None, w_kn, bias, None, out, activation_id, pre=pre)
     return out
+
+
+# ---- cuBLASLt's epilogue as one more candidate for the plain forward's first GEMM ----
+# cuBLASLt applies bias + GELU (the tanh form) or bias + ReLU in a GEMM's epilogue; PyTorch
+# exposes it as torch._addmm_activation. On the H200 it beat our kernel in every case
+# measured (M = 777 to 16384, d768 / d1024, bf16 / fp16, both weight layouts; e.g. 69.6 us
+# against 80.1 at M = 8192, 768 -> 3072, bias + gelu_tanh: results/lt_epilogue_h200.json),
+# so it is the untimed default; with autotuning on, the two are timed once per shape bucket.
+# Activation id -> use_gelu. (Its GELU is the tanh form: against float64 its fp16 error is
+# our gelu_tanh kernel's, 2.1e-4, and 2.9e-4 against the erf GELU; so gelu stays ours.)
+_CUBLASLT_ACTIVATIONS = {ACTIVATION_IDS["gelu_tanh"]: True, ACTIVATION_IDS["relu"]: False}
+# (M bucket, N, K, dtype, device, Conv1D layout, activation, TF32) -> cuBLASLt measured faster
+_CUBLASLT_CHOICE: dict[tuple, bool] = {}
+
+
+def _cublaslt_enabled() -> bool:
+    return _env_flag("FUSED_MLP_CUBLASLT")
+
+
+def _cublaslt_linear_act(x: Tensor, weight: Tensor, bias: Tensor, activation_id: int, w_kn: bool) -> Tensor:
+    """act(x W^T + b) as one cuBLASLt GEMM (PyTorch falls back to addmm + the activation
+    where cuBLASLt cannot take the operands: slower, same result)."""
+    return torch._addmm_activation(bias, x, weight if w_kn else weight.t(),
+                                   use_gelu=_CUBLASLT_ACTIVATIONS[activation_id])
+
+
+def _prefer_cublaslt(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation_id: int, w_kn: bool) -> bool:
+    """Whether linear_act runs through cuBLASLt's epilogue: only with a bias and an
+    activation cuBLASLt has, on CUDA, unless FUSED_MLP_CUBLASLT=0. Timed against our tuned
+    kernel on the first call of a shape bucket; untimed (FUSED_MLP_AUTOTUNE=0, or while a
+    CUDA graph is captured) it is chosen without caching the choice."""
+    if (bias is None or activation_id not in _CUBLASLT_ACTIVATIONS or INTERPRETED
+            or x.device.type != "cuda" or not _cublaslt_enabled()):
+        return False
+    m, k = x.shape
+    n = weight.shape[1] if w_kn else weight.shape[0]
+    dev = _device_key(x.get_device())
+    key = (m_bucket(m), n, k, x.dtype, dev, w_kn, activation_id,
+           torch.backends.cuda.matmul.allow_tf32 if x.dtype == torch.float32 else None)
+    chosen = _CUBLASLT_CHOICE.get(key)
+    if chosen is not None:
+        return chosen
+    if not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
+        return True
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    with _on_device(x):
+        ours_ms = _time_ms(lambda: _planned(x, weight, None, w_kn, bias, None, out, activation_id, None))
+        lt_ms = _time_ms(lambda: _cublaslt_linear_act(x, weight, bias, activation_id, w_kn))
+    _CUBLASLT_CHOICE[key] = lt_ms < ours_ms
+    return lt_ms < ours_ms
 
 
 def linear_dact(
@@ -1029,7 +1085,8 @@ def gated_mlp(x, gate_weight, up_weight, down_weight, activation_id, gate_bias, 
 
 
 def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, weight_layout):
-    """The whole plain MLP: GEMM + bias + activation kernel, then cuBLAS (+bias)."""
+    """The whole plain MLP: GEMM + bias + activation (our kernel or cuBLASLt's epilogue,
+    see linear_act), then cuBLAS (+bias)."""
     h = linear_act(x, fc_weight, fc_bias, activation_id, weight_layout)
     if weight_layout == "conv1d":
         proj_weight = proj_weight.t()  # a view: cuBLAS reads the [K, N] weight transposed
