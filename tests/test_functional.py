@@ -757,6 +757,15 @@ def test_gpu_cublaslt_candidate(gpu, monkeypatch, dtype, cublaslt):
     monkeypatch.setattr(torch, "_addmm_activation", counting)
     d, h, o = ODD
     tol = _gpu_tol(dtype)
+    # M = 1 and a strided bias: operands cuBLASLt may refuse, where PyTorch falls back to
+    # addmm + its own activation (which must be the same tanh GELU: fp32's bound tells)
+    p = make_plain(1, d, h, o, dtype, "cuda", True, "linear", seed=1)
+    p["fc_bias"] = torch.stack([p["fc_bias"], p["fc_bias"]], 1)[:, 0]
+    assert not p["fc_bias"].is_contiguous()
+    calls.clear()
+    check(run_plain(gpu, p, "gelu_tanh", "linear").cpu(), ref_plain(gpu, p, "gelu_tanh", "linear"), tol,
+          f"mlp M=1, strided bias, {dtype}")
+    assert calls == ([True] if cublaslt == "1" else []), calls
     for m in (3, 777):
         for layout in ("linear", "conv1d"):
             for act, bias in (("gelu_tanh", True), ("relu", True), ("gelu", True), ("gelu_tanh", False)):
