@@ -401,6 +401,38 @@ def test_interpret_plain(interpret, act, layout, dtype):
                     TOL[dtype], f"mlp {layout} {act} recompute={rec}")
 
 
+def _strided_leaf(v):
+    """A leaf with v's values and stride 2 (not contiguous), requiring grad."""
+    out = torch.empty_strided(v.shape, (2,), dtype=v.dtype, device=v.device).copy_(v)
+    assert not out.is_contiguous()
+    return out.requires_grad_()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_interpret_strided_biases(interpret, recompute):
+    """Bias parameters with stride 2: forward and gradients right (the kernels read biases
+    contiguously; the entry points copy strided ones)."""
+    d, h, o = ODD_SMALL
+    t = make_gated(37, d, h, o, torch.float32, "cpu", True, seed=5)
+    a = _leaves(t, GATED_NAMES)
+    for n in ("gate_bias", "up_bias", "down_bias"):
+        a[n] = _strided_leaf(t[n])
+    y = interpret.gated_mlp(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "silu",
+                            gate_bias=a["gate_bias"], up_bias=a["up_bias"], down_bias=a["down_bias"],
+                            recompute=recompute)
+    y.backward(t["dy"])
+    check_grads({n: v.grad for n, v in a.items()}, ref_grads_gated(interpret, t, "silu"), TOL[torch.float32],
+                f"gated, strided biases, recompute={recompute}")
+    p = make_plain(37, d, h, o, torch.float32, "cpu", True, "linear", seed=6)
+    a = _leaves(p, PLAIN_NAMES)
+    a["fc_bias"], a["proj_bias"] = _strided_leaf(p["fc_bias"]), _strided_leaf(p["proj_bias"])
+    y = interpret.mlp(a["x"], a["fc_weight"], a["fc_bias"], a["proj_weight"], a["proj_bias"], "gelu_tanh",
+                      recompute=recompute)
+    y.backward(p["dy"])
+    check_grads({n: v.grad for n, v in a.items()}, ref_grads_plain(interpret, p, "gelu_tanh", "linear"),
+                TOL[torch.float32], f"mlp, strided biases, recompute={recompute}")
+
+
 @pytest.mark.parametrize("dx_mode", ["cublas", "triton"])
 @pytest.mark.parametrize("recompute", [False, True])
 def test_interpret_packed_and_dx_modes(interpret, monkeypatch, dx_mode, recompute):

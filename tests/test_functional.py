@@ -322,6 +322,29 @@ def test_interpret_mlp(interpret, dtype, m, layout, act):
     check(run_plain(interpret, t, act, layout), ref_plain(interpret, t, act, layout), TOL[dtype], f"mlp {act}")
 
 
+def _strided(b):
+    """The same values as a non-contiguous view (every other element of a wider buffer)."""
+    v = torch.stack([b, torch.full_like(b, float("nan"))], 1)[:, 0]
+    assert not v.is_contiguous() and torch.equal(v, b)
+    return v
+
+
+def _with_strided_biases(t):
+    return {k: (_strided(v) if k.endswith("bias") and v is not None else v) for k, v in t.items()}
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_interpret_strided_biases(interpret, m):
+    """Biases that are strided views (every other element of a buffer) are read by value:
+    the kernels index biases contiguously, so the entry points copy such views."""
+    t = _with_strided_biases(make_gated(m, 40, 72, 24, torch.float32, "cpu", True, seed=m))
+    check(run_gated(interpret, t, "silu"), ref_gated(interpret, t, "silu"), TOL[torch.float32], "gated")
+    for layout in ("linear", "conv1d"):
+        p = _with_strided_biases(make_plain(m, 40, 72, 24, torch.float32, "cpu", True, layout, seed=m))
+        check(run_plain(interpret, p, "gelu", layout), ref_plain(interpret, p, "gelu", layout), TOL[torch.float32],
+              f"mlp {layout}")
+
+
 def test_interpret_kernel_configs_and_strides(interpret):
     """The kernels themselves, with tile configs that hit the even-K path, uneven groups
     and single-program grids, and weights given through unusual strides."""
@@ -760,8 +783,7 @@ def test_gpu_cublaslt_candidate(gpu, monkeypatch, dtype, cublaslt):
     # M = 1 and a strided bias: operands cuBLASLt may refuse, where PyTorch falls back to
     # addmm + its own activation (which must be the same tanh GELU: fp32's bound tells)
     p = make_plain(1, d, h, o, dtype, "cuda", True, "linear", seed=1)
-    p["fc_bias"] = torch.stack([p["fc_bias"], p["fc_bias"]], 1)[:, 0]
-    assert not p["fc_bias"].is_contiguous()
+    p["fc_bias"] = _strided(p["fc_bias"])
     calls.clear()
     check(run_plain(gpu, p, "gelu_tanh", "linear").cpu(), ref_plain(gpu, p, "gelu_tanh", "linear"), tol,
           f"mlp M=1, strided bias, {dtype}")
@@ -778,6 +800,23 @@ def test_gpu_cublaslt_candidate(gpu, monkeypatch, dtype, cublaslt):
                       f"linear_act {act} bias={bias} {layout} M={m} {dtype}")
                 eligible = cublaslt == "1" and bias and act in ("gelu_tanh", "relu")
                 assert calls == ([act == "gelu_tanh"] * 2 if eligible else []), (act, bias, layout, calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 777])
+@pytest.mark.parametrize("decode", [False, True])
+def test_gpu_strided_biases(fused_mlp, monkeypatch, m, decode):
+    """Strided bias views on every CUDA path (Triton; decode.py for small M): right values."""
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setenv("FUSED_MLP_CUBLASLT", "0")
+    if not decode:
+        monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    d, h, o = ODD
+    t = _with_strided_biases(make_gated(m, d, h, o, torch.bfloat16, "cuda", True, seed=m))
+    check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "gated")
+    p = _with_strided_biases(make_plain(m, d, h, o, torch.bfloat16, "cuda", True, "linear", seed=m))
+    check(run_plain(fused_mlp, p, "gelu_tanh", "linear").cpu(), ref_plain(fused_mlp, p, "gelu_tanh", "linear"),
+          TOL[torch.bfloat16], "mlp")
 
 
 @pytest.mark.gpu

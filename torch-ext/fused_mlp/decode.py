@@ -79,6 +79,11 @@ def _x2d(x2d: Tensor) -> Tensor:
     return x2d
 
 
+def _unit_stride(b: Optional[Tensor]) -> Optional[Tensor]:
+    """The kernels read biases contiguously (and check it): a strided view is copied."""
+    return b if b is None or b.stride(0) == 1 or b.shape[0] <= 1 else b.contiguous()
+
+
 def gate_up(
     x2d: Tensor,
     gate_weight: Tensor,
@@ -91,7 +96,7 @@ def gate_up(
     act = activation_id(activation)
     x2d = _x2d(x2d)
     out = torch.empty((x2d.shape[0], gate_weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
-    ops.decode_gate_up(out, x2d, gate_weight, up_weight, gate_bias, up_bias, act)
+    ops.decode_gate_up(out, x2d, gate_weight, up_weight, _unit_stride(gate_bias), _unit_stride(up_bias), act)
     return out
 
 
@@ -100,7 +105,7 @@ def linear(x2d: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activatio
     act = activation_id(activation)
     x2d = _x2d(x2d)
     out = torch.empty((x2d.shape[0], weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
-    ops.decode_linear(out, x2d, weight, bias, act)
+    ops.decode_linear(out, x2d, weight, _unit_stride(bias), act)
     return out
 
 

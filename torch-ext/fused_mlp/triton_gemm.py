@@ -919,17 +919,24 @@ def _on_device(x: Tensor):
 
 
 
+def _unit_stride(b: Optional[Tensor]) -> Optional[Tensor]:
+    """A bias as the kernels read it: element n at b_ptr + n (a strided view is copied)."""
+    return b if b is None or b.stride(0) == 1 or b.shape[0] <= 1 else b.contiguous()
+
+
 def gated_linear(
     x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
     up_bias: Optional[Tensor], activation_id: int, config: Optional[Config] = None,
     *, pre: Optional[Tensor] = None, out: Optional[Tensor] = None,
 ) -> Tensor:
-    """act(x Wg^T + bg) * (x Wu^T + bu) for 2-D x [M, K], weights [N, K] (any strides).
+    """act(x Wg^T + bg) * (x Wu^T + bu) for 2-D x [M, K], weights [N, K] (any strides;
+    biases too).
 
     pre: an [M, 2N] buffer (any strides) that also receives g | u, in x's dtype;
     out: the [M, N] buffer for the result (allocated if None)."""
     M, K = x.shape
     N = gate_weight.shape[0]
+    gate_bias, up_bias = _unit_stride(gate_bias), _unit_stride(up_bias)
     if out is None:
         out = torch.empty((M, N), device=x.device, dtype=x.dtype)
     if M == 0 or N == 0:
@@ -949,11 +956,12 @@ def linear_act(
     weight_layout: str = "linear", config: Optional[Config] = None,
     *, pre: Optional[Tensor] = None, out: Optional[Tensor] = None,
 ) -> Tensor:
-    """act(x W^T + b); weight [N, K] ("linear") or [K, N] ("conv1d"), any strides.
+    """act(x W^T + b); weight [N, K] ("linear") or [K, N] ("conv1d"), any strides (bias too).
     pre: an [M, N] buffer that also receives x W^T + b; out: the result's buffer."""
     M, K = x.shape
     w_kn = weight_layout == "conv1d"
     N = weight.shape[1] if w_kn else weight.shape[0]
+    bias = _unit_stride(bias)
     if (config is None and pre is None and out is None and M > 0 and N > 0
             and _prefer_cublaslt(x, weight, bias, activation_id, w_kn)):
         return _cublaslt_linear_act(x, weight, bias, activation_id, w_kn)
