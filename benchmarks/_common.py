@@ -51,3 +51,50 @@ def copy_bandwidth(time_ms: Callable[[Callable[[], object]], float], device: str
         raise SystemExit("[bench] copy produced wrong data")
     ms = time_ms(lambda: dst.copy_(src))
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """A CUDA graph of one call of fn (warmed up on a side stream first); returns its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def median_us(fn: Callable[[], object], rep: int = 200) -> float:
+    """triton.testing.do_bench's median (L2 flushed between runs), in microseconds."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")) * 1e3
+
+
+def local_package(*submodules: str):
+    """fused-mlp as users load it (kernels.get_kernel), from this checkout's staged Hub cache
+    (.hub-cache, offline) unless KERNELS_CACHE / HF_HUB_OFFLINE say otherwise: the package
+    and the named submodules (e.g. "triton_gemm"). Call before anything imports `kernels`."""
+    import os
+
+    root = Path(__file__).resolve().parents[1]
+    os.environ.setdefault("KERNELS_CACHE", str(root / ".hub-cache"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from kernels import get_kernel
+
+    fm = get_kernel("org/fused-mlp", version=1)
+    return (fm, *(importlib.import_module(f"{fm.__name__}.{name}") for name in submodules))
+
+
+def write_report(path, rows: list, **extra) -> None:
+    """The results JSON: run_info(), `extra`, then the rows; nothing if path is None."""
+    if path is None:
+        return
+    import json
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({**run_info(), **extra, "rows": rows}, indent=1) + "\n")

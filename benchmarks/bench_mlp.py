@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import module_version, rel_err, run_info  # noqa: E402
+from _common import graphed, module_version, rel_err, run_info  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_forward_h200.json"
@@ -106,21 +106,6 @@ class Timer:
             fn()
             times.append((time.perf_counter() - t) * 1e3)
         return sorted(times)[len(times) // 2]
-
-
-def graphed(fn):
-    """A CUDA graph of one call of fn (warmed up on a side stream first); returns its replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return g.replay
 
 
 def ceilings(timer: Timer, device: str, quick: bool) -> dict:

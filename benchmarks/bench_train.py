@@ -67,10 +67,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _common import module_version, rel_err, run_info  # noqa: E402  (same directory)
+from _common import graphed, module_version, rel_err, run_info  # noqa: E402  (same directory)
 import bench_mlp  # noqa: E402
 from bench_mlp import Case as ForwardCase  # noqa: E402
-from bench_mlp import Timer, ceilings, eager_gated, eager_mlp, graphed, load_liger  # noqa: E402
+from bench_mlp import Timer, ceilings, eager_gated, eager_mlp, load_liger  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_train_h200.json"
 PEERS = ("eager", "compile", "liger")
@@ -153,7 +153,7 @@ def train_step(fwd, dy, retain=False):
 
 
 def graphed_step(step, ps):
-    """A CUDA graph of one training step (bench_mlp.graphed), the gradients set to None
+    """A CUDA graph of one training step (_common.graphed), the gradients set to None
     before each warm-up step and inside the capture, so the captured backward allocates
     them in the graph's memory; returns its replay."""
     def fresh():

@@ -15,7 +15,6 @@ before it, inputs and weights, are not in the trace).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 

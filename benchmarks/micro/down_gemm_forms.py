@@ -12,7 +12,6 @@ against float64 first."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,16 +19,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import rel_err, run_info  # noqa: E402
+from _common import median_us, rel_err, write_report  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import triton
-    import triton.testing
-
     rows = []
     for m in (128, 512):
         for d, h in ((4096, 14336),):
@@ -52,13 +48,10 @@ def main() -> None:
                 if "b)" in name:
                     y = y - b
                 err = rel_err(y, want)
-                ms = float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-                rows.append({"m": m, "d": d, "h": h, "form": name, "us": ms * 1e3, "rel_err": err})
-                print(f"[down] m={m} {name:<42} {ms * 1e3:7.1f} us  err {err:.1e}", flush=True)
-    report = {**run_info(), "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+                us = median_us(fn)
+                rows.append({"m": m, "d": d, "h": h, "form": name, "us": us, "rel_err": err})
+                print(f"[down] m={m} {name:<42} {us:7.1f} us  err {err:.1e}", flush=True)
+    write_report(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -15,21 +15,14 @@ median, L2 flushed between runs."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
-import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import rel_err, run_info  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import local_package, median_us, rel_err, write_report  # noqa: E402
 
 # name -> (M, D, H, dtype, weight layout)
 CASES = {
@@ -57,16 +50,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import triton.testing
-    from kernels import get_kernel
-
-    fm = get_kernel("org/fused-mlp", version=1)
-    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
-    ids = importlib.import_module(fm.__name__ + ".activations").ACTIVATION_IDS
-
-    def bench(fn) -> float:
-        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3
-
+    _, tg, activations = local_package("triton_gemm", "activations")
+    ids = activations.ACTIVATION_IDS
+    bench = median_us
     rows = []
     for name, (m, d, hdim, dt, layout) in CASES.items():
         g = torch.Generator(device="cuda").manual_seed(m + d)
@@ -113,10 +99,7 @@ def main() -> None:
               f"{row['mlp_ours_us']:.1f} lt {row['mlp_lt_us']:.1f} eager {row['mlp_eager_us']:.1f} us | "
               f"lt gelu err vs erf {row['lt_gelu_err_vs_erf']:.1e}", flush=True)
         rows.append(row)
-    report = {**run_info(), "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    write_report(args.out, rows)
 
 
 if __name__ == "__main__":

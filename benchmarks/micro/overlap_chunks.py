@@ -18,21 +18,13 @@ flushed) and a CUDA-graph replay of the same call, medians."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
-import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import rel_err, run_info  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import graphed, local_package, median_us, rel_err, write_report  # noqa: E402
 
 # name -> (gated, M, D, H, activation)
 CASES = {
@@ -42,34 +34,12 @@ CASES = {
 }
 
 
-def graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return g.replay
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import triton.testing
-    from kernels import get_kernel
-
-    fm = get_kernel("org/fused-mlp", version=1)
-    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
-    ids = importlib.import_module(fm.__name__ + ".activations").ACTIVATION_IDS
-
-    def bench(fn) -> float:
-        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")) * 1e3
-
+    _, tg, activations = local_package("triton_gemm", "activations")
+    ids = activations.ACTIVATION_IDS
     rows = []
     side = torch.cuda.Stream()
     for name, (gated, m, d, hdim, act) in CASES.items():
@@ -134,16 +104,13 @@ def main() -> None:
             fn()
             torch.cuda.synchronize()
             err = rel_err(y, want)
-            ev = bench(fn)
-            gr = bench(graphed(fn))
+            ev = median_us(fn)
+            gr = median_us(graphed(fn))
             row = {"case": name, "variant": vname, "events_us": ev, "graph_us": gr, "rel_err_vs_one": err}
             rows.append(row)
             print(f"[overlap] {name:<32} {vname:<14} events {ev:8.1f} us  graph {gr:8.1f} us  err {err:.1e}",
                   flush=True)
-    report = {**run_info(), "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    write_report(args.out, rows)
 
 
 if __name__ == "__main__":
