@@ -317,15 +317,18 @@ def run(args) -> dict:
         print(f"[bench] {c.name} done in {time.time() - tc:.1f}s", flush=True)
 
     tg = sys.modules.get(fm.__name__ + ".triton_gemm")
-    tuned = {}
+    tuned, cublaslt = {}, {}
     if tg is not None:
         tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()}
+        # the plain first GEMM's timed choice: True where cuBLASLt's epilogue ran instead of ours
+        cublaslt = {repr(k): v for k, v in getattr(tg, "_CUBLASLT_CHOICE", {}).items()}
     return {
         **run_info(device),
         "rows": rows,
         "ceilings": ceil,
         "verification": verification,
         "tuned_configs": tuned,
+        "cublaslt_choice": cublaslt,
         "liger": module_version("liger_kernel"),
         "wall_s": round(time.time() - t0, 1),
     }
