@@ -58,6 +58,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -438,7 +439,8 @@ def kernel_variants(c: Case, t: dict, fm, bench) -> dict:
             b1 = None if b1 is None else b1.detach()
             pre = torch.empty(c.m, c.h, device=x.device, dtype=x.dtype)
             out["kernel:fwd_fused_store"] = {"ms": bench(lambda: tg.linear_act(x, w1, b1, act_id, pre=pre), [])}
-            out["kernel:fwd_fused_nostore"] = {"ms": bench(lambda: tg.linear_act(x, w1, b1, act_id), [])}
+            with mock.patch.dict(os.environ, {"FUSED_MLP_CUBLASLT": "0"}):  # our kernel, not cuBLASLt's epilogue
+                out["kernel:fwd_fused_nostore"] = {"ms": bench(lambda: tg.linear_act(x, w1, b1, act_id), [])}
             out["kernel:fwd_cublas"] = {"ms": bench(lambda: F.linear(x, w1, b1), [])}
             out["kernel:dh_fused_inplace"] = {
                 "ms": bench(lambda: tg.linear_dact(dy, w2, True, pre, pre, act_id, gated=False), [])}

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The plain MLP's first GEMM with bias + activation in cuBLASLt's epilogue, as PyTorch
 exposes it (torch._addmm_activation: bias + GELU (tanh form) or bias + ReLU), against our
-Triton kernel (linear_act, tuned) and cuBLAS without the epilogue, and the whole plain MLP
-with each first GEMM.
+Triton kernel (linear_act, tuned; run with FUSED_MLP_CUBLASLT=0, which this script sets, since
+linear_act itself may choose cuBLASLt's epilogue now) and cuBLAS without the epilogue, and
+the whole plain MLP with each first GEMM.
 
     python benchmarks/micro/lt_epilogue.py [--out FILE]
 
@@ -15,6 +16,7 @@ median, L2 flushed between runs."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -50,9 +52,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    os.environ["FUSED_MLP_CUBLASLT"] = "0"  # "ours" = our kernel; the cuBLASLt path is timed directly
     _, tg, activations = local_package("triton_gemm", "activations")
     ids = activations.ACTIVATION_IDS
-    bench = median_us
     rows = []
     for name, (m, d, hdim, dt, layout) in CASES.items():
         g = torch.Generator(device="cuda").manual_seed(m + d)
@@ -83,18 +85,19 @@ def main() -> None:
                 row["lt_gelu_err_vs_erf"] = rel_err(out, want["gelu_erf"])
             ours_out = tg.linear_act(x, w_store, b, ids[act], layout)
             row[f"ours_{act}_err"] = rel_err(ours_out, want[act])
-            row[f"lt_{act}_us"] = bench(lt)
-            row[f"ours_{act}_us"] = bench(lambda: tg.linear_act(x, w_store, b, ids[act], layout))
+            row[f"lt_{act}_us"] = median_us(lt)
+            row[f"ours_{act}_us"] = median_us(lambda: tg.linear_act(x, w_store, b, ids[act], layout))
             print(f"[lt] {name} {act}: lt {row[f'lt_{act}_us']:.1f} us (err {row[f'lt_{act}_err']:.1e}, "
                   f"kernels {row[f'lt_{act}_kernels']}) ours {row[f'ours_{act}_us']:.1f} us "
                   f"(err {row[f'ours_{act}_err']:.1e})", flush=True)
-        row["addmm_us"] = bench(lambda: torch.addmm(b, x, w_kn))
-        row["addmm_gelu_us"] = bench(lambda: F.gelu(torch.addmm(b, x, w_kn), approximate="tanh"))
+        row["addmm_us"] = median_us(lambda: torch.addmm(b, x, w_kn))
+        row["addmm_gelu_us"] = median_us(lambda: F.gelu(torch.addmm(b, x, w_kn), approximate="tanh"))
         # whole plain MLP (gelu_tanh): our op's path, Lt first GEMM + cuBLAS second, eager
         gid = ids["gelu_tanh"]
-        row["mlp_ours_us"] = bench(lambda: tg.mlp(x, w_store, b, w2_store, b2, gid, layout))
-        row["mlp_lt_us"] = bench(lambda: torch.addmm(b2, torch._addmm_activation(b, x, w_kn, use_gelu=True), w2_kn))
-        row["mlp_eager_us"] = bench(lambda: torch.addmm(b2, F.gelu(torch.addmm(b, x, w_kn), approximate="tanh"), w2_kn))
+        row["mlp_ours_us"] = median_us(lambda: tg.mlp(x, w_store, b, w2_store, b2, gid, layout))
+        row["mlp_lt_us"] = median_us(lambda: torch.addmm(b2, torch._addmm_activation(b, x, w_kn, use_gelu=True), w2_kn))
+        row["mlp_eager_us"] = median_us(
+            lambda: torch.addmm(b2, F.gelu(torch.addmm(b, x, w_kn), approximate="tanh"), w2_kn))
         print(f"[lt] {name}: addmm {row['addmm_us']:.1f} addmm+gelu {row['addmm_gelu_us']:.1f} | mlp ours "
               f"{row['mlp_ours_us']:.1f} lt {row['mlp_lt_us']:.1f} eager {row['mlp_eager_us']:.1f} us | "
               f"lt gelu err vs erf {row['lt_gelu_err_vs_erf']:.1e}", flush=True)
