@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -225,6 +226,16 @@ def implementations(c: Case, t: dict, fm, compiled, liger) -> dict:
 # ----------------------------------------------------------------------------- main
 
 
+def ratio_per_round(runs: dict) -> list:
+    """Per round: ours over the fastest real peer of that same round."""
+    out = []
+    for r, ours in enumerate(runs.get("ours", [])):
+        peers = [runs[p][r] for p in REAL_PEERS if len(runs.get(p, [])) > r]
+        if peers:
+            out.append(ours / min(peers))
+    return out
+
+
 def fmt(v) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
@@ -293,24 +304,37 @@ def run(args) -> dict:
         graph = c.m <= GRAPH_MAX_M or c.d <= GRAPH_MAX_D
         modes = ["events"] + (["graph"] if graph and device == "cuda" else [])
         for mode in modes:
-            times = {}
+            # --repeats R: R rounds, each timing every implementation once in turn, so that
+            # a drift of the GPU's clocks or of the host touches all of them alike; the row
+            # holds each one's median over the rounds, and every round's time.
+            runs = {name: [] for name in impl}
             with torch.inference_mode():
-                for name, fn in impl.items():
-                    if fn is None:
-                        times[name] = None
-                        continue
-                    try:
-                        times[name] = timer(graphed(fn) if mode == "graph" else fn)
-                    except Exception as e:
-                        print(f"[bench] {c.name} ({mode}): timing {name} failed: {type(e).__name__}: {e}", flush=True)
-                        times[name] = None
-            rows.append({
+                calls = {name: (graphed(fn) if mode == "graph" else fn) if fn is not None else None
+                         for name, fn in impl.items()}
+                for _ in range(args.repeats):
+                    for name, fn in calls.items():
+                        if fn is None:
+                            continue
+                        try:
+                            runs[name].append(timer(fn))
+                        except Exception as e:
+                            print(f"[bench] {c.name} ({mode}): timing {name} failed: {type(e).__name__}: {e}",
+                                  flush=True)
+                            calls[name] = None
+                            runs[name] = []
+                del calls
+            times = {name: (statistics.median(v) if v else None) for name, v in runs.items()}
+            row = {
                 "case": c.name,
                 "timing": mode,
                 "ours_ms": times.pop("ours"),
                 "peers_ms": {p: times.get(p) for p in PEERS},
                 "floor_ms": floor,
-            })
+            }
+            if args.repeats > 1:
+                row["rounds_ms"] = {name: v for name, v in runs.items() if v}
+                row["ratio_per_round"] = ratio_per_round(runs)
+            rows.append(row)
         del t, ref, impl
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -349,8 +373,12 @@ def print_table(res: dict) -> None:
         line = f"{r['case']:40s} {r['timing']:6s} {fmt(ours):>8s} "
         line += " ".join(f"{fmt(peers.get(p)):>10s}" for p in PEERS)
         line += f" {r['floor_ms']:8.4f} {ratio} {over_floor}"
+        rounds = r.get("ratio_per_round")
+        if rounds:
+            line += f"  rounds {min(rounds):.3f}-{max(rounds):.3f} (median {statistics.median(rounds):.3f}, n={len(rounds)})"
         print(line)
-    print("times in ms (median); ours/best: against the fastest of eager, compile, liger")
+    print("times in ms (median); ours/best: against the fastest of eager, compile, liger"
+          + ("; rounds: ours / best peer of the same round" if any(r.get("ratio_per_round") for r in res["rows"]) else ""))
 
 
 def plot(res: dict, path: Path) -> None:
@@ -393,9 +421,14 @@ def main() -> None:
     p.add_argument("--plot", type=Path, default=None, help="PNG path (default: --out with .png)")
     p.add_argument("--repo-id", default="org/fused-mlp")
     p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of timing per case and mode, interleaved across implementations; "
+                        "the row gives each one's median (default 1)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script
     p.add_argument("--shrink", type=int, default=1, help=argparse.SUPPRESS)  # divide all sizes (dry runs)
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     res = run(args)
     print_table(res)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,8 @@ a table lists the GPU kernels of one forward with their times.
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -25,6 +27,9 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import run_info  # noqa: E402
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -96,7 +101,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
 
-    summary = {}
+    summary, report = {}, {}
     with torch.inference_mode():
         ref = mlp(x).float()
         for name, fn in variants(mlp, fm, a.activation).items():
@@ -119,9 +124,18 @@ def main() -> None:
             print(f"   {'kernel':90s} {'calls':>5s} {'us/fwd':>9s}")
             for kname, n, us in rows:
                 print(f"   {kname[:90]:90s} {n:5.1f} {us:9.1f}")
+            report[name] = {"rel_err_vs_eager": err, "launches_per_forward": summary[name][1],
+                            "gpu_us_per_forward": total, "trace": trace.name,
+                            "kernels": [{"name": k, "calls_per_forward": n, "us_per_forward": us}
+                                        for k, n, us in rows]}
     print("\nper forward:  variant      launches   GPU us")
     for name, (total, launches) in summary.items():
         print(f"              {name:12s} {launches:8.0f} {total:8.1f}")
+    info = run_info(dev)
+    info["shape"] = {"batch": a.batch, "seq": a.seq, "dim": a.dim, "hidden": a.hidden, "dtype": a.dtype,
+                     "activation": a.activation, "bias": not a.no_bias, "steps": a.steps}
+    (a.out_dir / "summary.json").write_text(json.dumps({**info, "variants": report}, indent=1) + "\n")
+    print(f"[profile] summary: {a.out_dir / 'summary.json'}")
 
 
 if __name__ == "__main__":

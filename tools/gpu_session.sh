@@ -124,7 +124,8 @@ if has kernel-config; then
 fi
 if has profile; then
   step profile
-  $PY benchmarks/profile_post.py --out-dir "$OUT/traces" 2>&1 | tail -40 | tee -a "$LOG"
+  $PY benchmarks/profile_post.py --out-dir "$OUT/traces" > "$OUT/profile_post_h200.txt" 2>&1
+  tail -40 "$OUT/profile_post_h200.txt" | tee -a "$LOG"
 fi
 if has demo; then
   step demo
