@@ -63,6 +63,8 @@ EXTRA_GATED_FEW_TOKENS = [(128, 64, 64, 8, 4, 3), (128, 32, 64, 8, 4, 4), (128, 
 EXTRA_PERSISTENT_NARROW = [(128, 64, 64, 8, 8, 4), (128, 64, 64, 8, 8, 3), (64, 128, 64, 8, 8, 4),
                            (128, 64, 64, 8, 4, 4), (64, 128, 64, 8, 4, 4), (64, 64, 64, 8, 4, 4)]
 PERSISTENT_NARROW = False
+# --configs: the forward's variants are exactly these (no tuner list, no extras)
+ONLY_CONFIGS: list = []
 
 
 def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
@@ -178,6 +180,8 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
         modes = modes[:1]
     # (no larger tiles for the gated kernel: two 128 x 256 accumulators do not fit the registers)
     cands = variants_of(tg, tg.candidates(gated, m, n, k, dtype, tma=True), extra=not gated, few_tokens=few_tokens)
+    if ONLY_CONFIGS:
+        cands = [tg.Config(*c) for c in ONLY_CONFIGS]
     for mode, p in modes:
         for cfg in cands:
             def run(cfg=cfg, p=p):
@@ -202,9 +206,17 @@ def main() -> None:
     ap.add_argument("--kernels", default="dh,fwd")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--persistent-narrow", action="store_true", help="also EXTRA_PERSISTENT_NARROW (see there)")
+    ap.add_argument("--configs", default="",
+                    help="forward only these configs: 'bm,bn,bk,group_m,warps,stages[,tma[,persistent]];...' "
+                         "(tma / persistent as 0 or 1)")
     args = ap.parse_args()
     global PERSISTENT_NARROW
     PERSISTENT_NARROW = args.persistent_narrow
+    for spec in filter(None, args.configs.split(";")):
+        v = [int(t) for t in spec.split(",")]
+        if len(v) not in (6, 7, 8):
+            ap.error(f"--configs: {spec!r} needs 6 to 8 integers")
+        ONLY_CONFIGS.append(tuple(v[:6]) + tuple(bool(t) for t in v[6:]))
     if not torch.cuda.is_available():
         raise SystemExit("[gemm] needs a CUDA GPU")
     import triton
