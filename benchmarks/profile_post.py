@@ -60,11 +60,15 @@ def variants(mlp: GeGLUMLP, fm, activation: str) -> dict:
     return out
 
 
-def kernel_table(prof, steps: int) -> list[tuple[str, float, float]]:
-    """(kernel name, launches per forward, GPU microseconds per forward), slowest first."""
+def kernel_table(prof, steps: int, annotations: frozenset = frozenset()) -> list[tuple[str, float, float]]:
+    """(kernel name, launches per forward, GPU microseconds per forward), slowest first.
+    The GPU-side ranges of record_function annotations (named in `annotations`) are not
+    kernels: without this filter each forward's whole range was counted as one more."""
     calls, us = defaultdict(int), defaultdict(float)
     for evt in prof.events():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if getattr(evt, "is_user_annotation", False) or evt.name in annotations:
             continue
         name = evt.name
         calls[name] += 1
@@ -116,7 +120,7 @@ def main() -> None:
                 sync()
             trace = a.out_dir / f"{name}.json"
             prof.export_chrome_trace(str(trace))
-            rows = kernel_table(prof, a.steps)
+            rows = kernel_table(prof, a.steps, frozenset({f"{name}_forward"}))
             total = sum(r[2] for r in rows)
             summary[name] = (total, sum(r[1] for r in rows))
             print(f"\n== {name}: {len(rows)} distinct GPU kernels, {summary[name][1]:.0f} launches and "
