@@ -65,6 +65,8 @@ EXTRA_PERSISTENT_NARROW = [(128, 64, 64, 8, 8, 4), (128, 64, 64, 8, 8, 3), (64, 
 PERSISTENT_NARROW = False
 # --configs: the forward's variants are exactly these (no tuner list, no extras)
 ONLY_CONFIGS: list = []
+# --gated-bias: the gated forward with gate and up biases (the cuBLAS references stay bias-free)
+GATED_BIAS = False
 
 
 def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
@@ -155,9 +157,13 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
     f = acts.torch_activation(act)
     act_id = acts.ACTIVATION_IDS[act]
     out = torch.empty(m, n, device="cuda", dtype=dtype)
+    bg = bu = None
     if gated:
         w2 = torch.randn(n, k, device="cuda", dtype=dtype, generator=g) * k**-0.5
         gd, ud = x.double() @ w1.double().t(), x.double() @ w2.double().t()
+        if GATED_BIAS:
+            bg, bu = (torch.randn(n, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+            gd, ud = gd + bg.double(), ud + bu.double()
         want, want_pre = f(gd) * ud, torch.cat([gd, ud], 1)
         pre = torch.empty(m, 2 * n, device="cuda", dtype=dtype)
         w12 = torch.cat([w1, w2])
@@ -186,7 +192,7 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
         for cfg in cands:
             def run(cfg=cfg, p=p):
                 if gated:
-                    tg.gated_linear(x, w1, w2, None, None, act_id, config=cfg, pre=p, out=out)
+                    tg.gated_linear(x, w1, w2, bg, bu, act_id, config=cfg, pre=p, out=out)
                 else:
                     tg.linear_act(x, w1, b1, act_id, config=cfg, pre=p, out=out)
 
@@ -196,7 +202,8 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
             out.fill_(float("nan"))
             if p is not None:
                 p.fill_(float("nan"))
-            timed(rows, {"kernel": "fwd", "case": name, "mode": mode, "config": list(cfg)},
+            timed(rows, {"kernel": "fwd", "case": name, "mode": mode, "config": list(cfg),
+                         **({"gated_bias": True} if gated and GATED_BIAS else {})},
                   f"{mode} {label(cfg)}", run, check, bench)
 
 
@@ -209,8 +216,10 @@ def main() -> None:
     ap.add_argument("--configs", default="",
                     help="forward only these configs: 'bm,bn,bk,group_m,warps,stages[,tma[,persistent]];...' "
                          "(tma / persistent as 0 or 1)")
+    ap.add_argument("--gated-bias", action="store_true", help="the gated forward with gate and up biases")
     args = ap.parse_args()
-    global PERSISTENT_NARROW
+    global PERSISTENT_NARROW, GATED_BIAS
+    GATED_BIAS = args.gated_bias
     PERSISTENT_NARROW = args.persistent_narrow
     for spec in filter(None, args.configs.split(";")):
         v = [int(t) for t in spec.split(",")]
