@@ -161,32 +161,13 @@ def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
 
 
 @triton.jit
-def _bias_prefetch(b1_ptr, b2_ptr, pid_n, N, GATED: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr,
-                   BWD: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The forward's bias columns of this tile in fp32, loaded before the tile loop: loaded
-    in the epilogue, each tile waited a global load's latency after its last MMA (zeros
-    for a bias that is absent)."""
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N  # wrapped: no mask needed
-    bias1 = tl.full((BLOCK_N,), 0.0, tl.float32)
-    bias2 = bias1
-    if BWD == 0:
-        if HAS_B1:
-            bias1 = tl.load(b1_ptr + rn).to(tl.float32)
-        if GATED:
-            if HAS_B2:
-                bias2 = tl.load(b2_ptr + rn).to(tl.float32)
-    return bias1, bias2
-
-
-@triton.jit
-def _epilogue(acc1, acc2, bias1, bias2, out_ptr, pre_ptr, h_ptr, M, N,
+def _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
               stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
               z0, u0, z1, u1,
               GATED: tl.constexpr, ACTIVATION: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr,
               STORE_PRE: tl.constexpr, BWD: tl.constexpr, STORE_H: tl.constexpr, SUBTILE: tl.constexpr,
               PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """In fp32 on the accumulators. Forward (BWD=0): bias (bias1 / bias2 from
-    _bias_prefetch), activation, gate * up, the store
+    """In fp32 on the accumulators. Forward (BWD=0): bias, activation, gate * up, the store
     (and the pre-activations with STORE_PRE). Backward (BWD=1 plain, 2 gated): acc1 is dh;
     multiply by the activation's derivative at the saved pre-activations, which are
     z0, u0 (and the second column half's z1, u1 with SUBTILE) when PREFETCH loaded them
@@ -197,14 +178,15 @@ def _epilogue(acc1, acc2, bias1, bias2, out_ptr, pre_ptr, h_ptr, M, N,
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
         pre_ptrs = pre_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
+        rn = offs_n % N  # wrapped: bias loads need no mask
         if HAS_B1:
-            acc1 += bias1[None, :]
+            acc1 += tl.load(b1_ptr + rn).to(tl.float32)[None, :]
         if STORE_PRE:
             tl.store(pre_ptrs, acc1.to(pre_ptr.dtype.element_ty), mask=mask)
         out = _activation(acc1, ACTIVATION)
         if GATED:
             if HAS_B2:
-                acc2 += bias2[None, :]
+                acc2 += tl.load(b2_ptr + rn).to(tl.float32)[None, :]
             if STORE_PRE:
                 tl.store(pre_ptrs + N * stride_pn, acc2.to(pre_ptr.dtype.element_ty), mask=mask)
             out = out * acc2
@@ -334,7 +316,6 @@ def _fused_linear_kernel(
         acc2 = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     z0, u0, z1, u1 = _bwd_prefetch(pre_ptr, pid_m, pid_n, M, N, stride_pm, stride_pn, acc1,
                                    BWD, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
-    bias1, bias2 = _bias_prefetch(b1_ptr, b2_ptr, pid_n, N, GATED, HAS_B1, HAS_B2, BWD, BLOCK_N)
     for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         if EVEN_K:
             a = tl.load(x_ptrs)
@@ -354,7 +335,7 @@ def _fused_linear_kernel(
         x_ptrs += BLOCK_K * stride_xk
         w1_ptrs += BLOCK_K * stride_w1k
 
-    _epilogue(acc1, acc2, bias1, bias2, out_ptr, pre_ptr, h_ptr, M, N,
+    _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
               stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
               z0, u0, z1, u1,
               GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
@@ -377,7 +358,6 @@ def _tma_tile(tile, x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, 
         acc2 = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     z0, u0, z1, u1 = _bwd_prefetch(pre_ptr, pid_m, pid_n, M, N, stride_pm, stride_pn, acc1,
                                    BWD, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
-    bias1, bias2 = _bias_prefetch(b1_ptr, b2_ptr, pid_n, N, GATED, HAS_B1, HAS_B2, BWD, BLOCK_N)
     for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):
         off_k = k * BLOCK_K
         a = x_desc.load([off_m, off_k])
@@ -390,7 +370,7 @@ def _tma_tile(tile, x_desc, w1_desc, w2_desc, b1_ptr, b2_ptr, out_ptr, pre_ptr, 
             b2 = w2_desc.load([off_n, off_k]).T
             acc2 = tl.dot(a, b2, acc2, input_precision=DOT_PRECISION)
 
-    _epilogue(acc1, acc2, bias1, bias2, out_ptr, pre_ptr, h_ptr, M, N,
+    _epilogue(acc1, acc2, b1_ptr, b2_ptr, out_ptr, pre_ptr, h_ptr, M, N,
               stride_om, stride_on, stride_pm, stride_pn, stride_hm, stride_hn, pid_m, pid_n,
               z0, u0, z1, u1,
               GATED, ACTIVATION, HAS_B1, HAS_B2, STORE_PRE, BWD, STORE_H, SUBTILE, PREFETCH, BLOCK_M, BLOCK_N)
@@ -535,7 +515,10 @@ _GATED_CONFIGS = {
     "large": [
         Config(128, 128, 64, 8, 8, 3),
         Config(128, 128, 64, 8, 8, 4),
-        Config(128, 64, 64, 8, 4, 4),
+        # two programs per SM (64 accumulator registers per thread, 96 KB of shared memory):
+        # the training forward (g | u stored) at M 8192, 768 -> 3072 took 153 us as TMA
+        # against 158-161 for 128 x 128 (results/gemm_two_per_sm_h200_session7.json)
+        Config(128, 64, 64, 8, 8, 3),
         Config(64, 128, 64, 8, 4, 4),
         Config(256, 64, 64, 8, 8, 3),
         Config(128, 128, 32, 8, 8, 5),
