@@ -10,6 +10,9 @@ the loop): public op -> dispatcher -> gated_linear (tuner lookup + launch) -> _l
 (flags, descriptors, Triton's launch) -> the bare Triton launch with every argument
 prepared, and cuBLAS for the down projection.
 
+--train-pieces (with --train): the gated step's pieces one by one (train_pieces), with and
+without TMA.
+
 --train: host time of one training step (forward + backward, gradients set to None) at
 m8192 d768 h3072 bf16, ours (GeGLU, plain MLP) against eager, in loops of 20 steps (short
 enough that the launch queue never fills and blocks the host), and a cProfile of the plain
@@ -119,12 +122,73 @@ def train_host_time(fm, say, detail: bool = False) -> None:
     profile(gated, 20, say, "20 gated training steps (ours)", by="cumulative", rows=45, chars=12000)
 
 
+def train_pieces(fm, tg, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> None:
+    """Host time of each piece of ours' gated training step (m8192 d768 h3072 bf16, saved
+    g | u, one chunk), each called alone in loops of 20, next to the whole step and to
+    eager's: where the step's host time goes, before any change to it."""
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    tb = importlib.import_module(fm.__name__ + ".triton_backward")
+    act_id = fm.activations.ACTIVATION_IDS["gelu_tanh"]
+    x = torch.randn(m, d, device=dev, dtype=dt)
+    wg, wu = (torch.randn(h, d, device=dev, dtype=dt) * d**-0.5 for _ in range(2))
+    wd = torch.randn(d, h, device=dev, dtype=dt) * h**-0.5
+    dy = torch.randn(m, d, device=dev, dtype=dt)
+    leaves = [t.clone().requires_grad_() for t in (x, wg, wu, wd)]
+    gu = torch.empty(m, 2 * h, device=dev, dtype=dt)
+    hh = torch.empty(m, h, device=dev, dtype=dt)
+    y, gu_s, h_s = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
+    scratch = torch.empty_like(gu_s)
+    dx, dwgu, dwd = torch.empty(m, d, device=dev, dtype=dt), torch.empty(2 * h, d, device=dev, dtype=dt), \
+        torch.empty(d, h, device=dev, dtype=dt)
+    every = tb.NEED_DX | tb.NEED_DW_IN | tb.NEED_DW_OUT
+
+    def step_ours():
+        for p in leaves:
+            p.grad = None
+        fm.gated_mlp(*leaves, "gelu_tanh").backward(dy)
+
+    def step_eager():
+        for p in leaves:
+            p.grad = None
+        xl, a, b, c = leaves
+        F.linear(F.gelu(F.linear(xl, a), approximate="tanh") * F.linear(xl, b), c).backward(dy)
+
+    pieces = {
+        "step: ours (forward + backward)": step_ours,
+        "step: eager": step_eager,
+        "forward: public gated_mlp, grad on": lambda: fm.gated_mlp(*leaves, "gelu_tanh"),
+        "forward: dispatch.gated_mlp_train_forward": lambda: disp.gated_mlp_train_forward(
+            x, wg, wu, wd, "gelu_tanh", None, None, None),
+        "forward: dispatch.backward_choice": lambda: disp.backward_choice(x, "gated", (wg, wu, wd), h),
+        "forward: tg.gated_linear (stores g | u)": lambda: tg.gated_linear(x, wg, wu, None, None, act_id, pre=gu),
+        "forward: F.linear (down)": lambda: F.linear(hh, wd),
+        "backward: dispatch.gated_mlp_backward": lambda: disp.gated_mlp_backward(
+            dy, x, wg, wu, wd, "gelu_tanh", None, None, gu_s, h_s, every, False,
+            path="triton" if dev == "cuda" else "triton-interpret"),
+        "backward: tg.linear_dact (dh + derivative)": lambda: tg.linear_dact(
+            dy, wd, True, gu_s, scratch, act_id, gated=True),
+        "backward: torch.mm dWd = dy^T h": lambda: torch.mm(dy.t(), h_s, out=dwd),
+        "backward: torch.mm [dWg; dWu] = dgu^T x": lambda: torch.mm(scratch.t(), x, out=dwgu),
+        "backward: dx = dg Wg + du Wu (mm + addmm_)": lambda: tb._dx_gated(
+            tg, dx, scratch, h, wg, wu, accumulate=False, mode="cublas"),
+        "backward: 3 x torch.empty": lambda: (torch.empty((m, d), device=dev, dtype=dt),
+                                              torch.empty((2 * h, d), device=dev, dtype=dt),
+                                              torch.empty((d, h), device=dev, dtype=dt)),
+    }
+    say(f"## training step pieces, host us/call (min of 3 loops of 20 calls), m{m} d{d} h{h} {dt}, "
+        f"FUSED_MLP_TMA={os.environ.get('FUSED_MLP_TMA', '(unset: on)')}")
+    for name, fn in pieces.items():
+        say(f"  {name:<46} {host_us(fn, n=20):8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the report to this file")
     ap.add_argument("--train", action="store_true", help="training steps only (see the docstring)")
     ap.add_argument("--train-detail", action="store_true",
                     help="with --train: the gated step without TMA, torch.profiler and cProfile by cumulative time")
+    ap.add_argument("--train-pieces", action="store_true",
+                    help="with --train: host time of each piece of the gated training step (see train_pieces)")
     args = ap.parse_args()
     lines: list[str] = []
 
@@ -138,6 +202,11 @@ def main() -> None:
     dev = "cuda"
     say(f"# host us/call (min of 3 loops of 300 calls), {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if args.train:
+        if args.train_pieces:
+            train_pieces(fm, tg, disp, say)
+            os.environ["FUSED_MLP_TMA"] = "0"
+            train_pieces(fm, tg, disp, say)
+            del os.environ["FUSED_MLP_TMA"]
         train_host_time(fm, say, args.train_detail)
         cases = {}
     else:
