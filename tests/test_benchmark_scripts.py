@@ -1,0 +1,93 @@
+"""The benchmark scripts' own logic (CPU): how bench_mlp summarizes interleaved rounds, what
+profile_post counts as a kernel, how gemm_variants reads --configs. Their GPU numbers
+are only as good as this bookkeeping."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+def _load(name: str, path: Path):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ratio_per_round_uses_the_best_real_peer_of_each_round():
+    bm = _load("bench_mlp_under_test", BENCH / "bench_mlp.py")
+    runs = {"ours": [1.0, 2.0, 3.0], "eager": [2.0, 2.0, 6.0], "compile": [4.0, 1.0, 5.0], "liger": [],
+            "gemms_only": [0.1, 0.1, 0.1]}  # gemms_only is a reference, never "the best peer"
+    assert bm.ratio_per_round(runs) == [0.5, 2.0, 0.6]
+    # a peer that failed partway (fewer rounds) counts only where it has a time
+    runs = {"ours": [1.0, 1.0], "eager": [4.0, 4.0], "compile": [2.0]}
+    assert bm.ratio_per_round(runs) == [0.5, 0.25]
+    assert bm.ratio_per_round({"ours": [1.0]}) == []
+
+
+def test_bench_mlp_repeats_dry_run(tmp_path):
+    out = tmp_path / "fwd.json"
+    env = dict(os.environ)
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_mlp.py"), "--device", "cpu", "--shrink", "64",
+         "--cases", "mlp_gelu_tanh_m8192_d768_h3072_bf16", "--skip-peers", "compile,liger",
+         "--repeats", "3", "--out", str(out), "--plot", str(tmp_path / "p.png")],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 1
+    row = rows[0]
+    assert sorted(row["rounds_ms"]) == ["eager", "gemms_only", "ours"]
+    assert all(len(v) == 3 for v in row["rounds_ms"].values())
+    assert row["ours_ms"] == statistics.median(row["rounds_ms"]["ours"])
+    assert row["peers_ms"]["eager"] == statistics.median(row["rounds_ms"]["eager"])
+    want = [o / e for o, e in zip(row["rounds_ms"]["ours"], row["rounds_ms"]["eager"])]
+    assert row["ratio_per_round"] == want
+    assert "rounds" in res.stdout  # the table shows the per-round spread
+
+
+def test_bench_mlp_rejects_zero_repeats():
+    res = subprocess.run([sys.executable, str(BENCH / "bench_mlp.py"), "--repeats", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--repeats" in res.stderr
+
+
+def _event(name, us, cuda=True, annotation=False):
+    return SimpleNamespace(
+        name=name, is_user_annotation=annotation,
+        device_type=torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU,
+        time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+
+def test_profile_kernel_table_skips_annotations_and_cpu_events():
+    pp = _load("profile_post_under_test", BENCH / "profile_post.py")
+    events = [
+        _event("gemm", 10.0), _event("gemm", 12.0), _event("act", 3.0),
+        _event("ours_forward", 30.0),                          # the record_function range, by name
+        _event("user_range", 40.0, annotation=True),           # flagged as an annotation by torch
+        _event("aten::mm", 99.0, cuda=False),                  # CPU side
+    ]
+    prof = SimpleNamespace(events=lambda: events)
+    rows = pp.kernel_table(prof, steps=2, annotations=frozenset({"ours_forward"}))
+    assert rows == [("gemm", 1.0, 11.0), ("act", 0.5, 1.5)]
+
+
+def test_gemm_variants_configs_are_checked():
+    res = subprocess.run([sys.executable, str(BENCH / "micro" / "gemm_variants.py"), "--configs", "128,128,64"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "--configs" in res.stderr and "6 to 8 integers" in res.stderr
