@@ -136,7 +136,7 @@ def train_pieces(fm, tg, disp, say, m: int = 8192, d: int = 768, h: int = 3072, 
     leaves = [t.clone().requires_grad_() for t in (x, wg, wu, wd)]
     gu = torch.empty(m, 2 * h, device=dev, dtype=dt)
     hh = torch.empty(m, h, device=dev, dtype=dt)
-    y, gu_s, h_s = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
+    _, gu_s, h_s = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
     scratch = torch.empty_like(gu_s)
     dx, dwgu, dwd = torch.empty(m, d, device=dev, dtype=dt), torch.empty(2 * h, d, device=dev, dtype=dt), \
         torch.empty(d, h, device=dev, dtype=dt)
@@ -204,9 +204,13 @@ def main() -> None:
     if args.train:
         if args.train_pieces:
             train_pieces(fm, tg, disp, say)
-            os.environ["FUSED_MLP_TMA"] = "0"
+            before = os.environ.get("FUSED_MLP_TMA")
+            os.environ["FUSED_MLP_TMA"] = "0"  # part of the launch plans' key: new plans without TMA
             train_pieces(fm, tg, disp, say)
-            del os.environ["FUSED_MLP_TMA"]
+            if before is None:
+                del os.environ["FUSED_MLP_TMA"]
+            else:
+                os.environ["FUSED_MLP_TMA"] = before
         train_host_time(fm, say, args.train_detail)
         cases = {}
     else:

@@ -88,6 +88,7 @@ def test_profile_kernel_table_skips_annotations_and_cpu_events():
 
 
 def test_gemm_variants_configs_are_checked():
-    res = subprocess.run([sys.executable, str(BENCH / "micro" / "gemm_variants.py"), "--configs", "128,128,64"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and "--configs" in res.stderr and "6 to 8 integers" in res.stderr
+    for bad in ("128,128,64", "128,128,64,8,8,three"):
+        res = subprocess.run([sys.executable, str(BENCH / "micro" / "gemm_variants.py"), "--configs", bad],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and "--configs" in res.stderr and "6 to 8 integers" in res.stderr, bad

@@ -222,7 +222,10 @@ def main() -> None:
     GATED_BIAS = args.gated_bias
     PERSISTENT_NARROW = args.persistent_narrow
     for spec in filter(None, args.configs.split(";")):
-        v = [int(t) for t in spec.split(",")]
+        try:
+            v = [int(t) for t in spec.split(",")]
+        except ValueError:
+            v = []
         if len(v) not in (6, 7, 8):
             ap.error(f"--configs: {spec!r} needs 6 to 8 integers")
         ONLY_CONFIGS.append(tuple(v[:6]) + tuple(bool(t) for t in v[6:]))
