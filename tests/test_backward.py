@@ -703,6 +703,22 @@ def test_aot_compile_backward_kernels(fused_mlp, cap):
             regs, stack, smem = _aot_compile(tg._fused_linear_kernel_tma, types, consts, cap, cfg.num_warps,
                                              cfg.num_stages)
             assert smem <= smem_limit and stack == 0, f"persistent {cfg}: {regs} registers, {stack} B stack, {smem} B"
+            # The training forward's two-programs-per-SM candidate (gated, storing g | u, TMA):
+            # it was chosen because it fits two programs per SM (session 7: 102 registers, 128 with
+            # biases, 98 KB, Triton 3.9); a compiler that made it larger would lose that silently.
+            cfg = tg.Config(128, 64, 64, 8, 8, 3)
+            assert cfg in tg._GATED_CONFIGS["large"][: tg._TMA_VARIANTS]  # so the tuner also tries it as TMA
+            bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+            types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w1_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+                     "w2_desc": f"tensordesc<bf16[{bn}, {bk}]>", **{n: "*bf16" for n in ("b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}}
+            consts = dict(GATED=True, ACTIVATION=fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"], HAS_B1=True,
+                          HAS_B2=True, STORE_PRE=True, BWD=0, STORE_H=False, SUBTILE=False, PREFETCH=False, W_KN=False,
+                          DOT_PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
+                          PERSISTENT=False, stride_on=1, stride_pn=1, stride_hn=1)
+            regs, stack, smem = _aot_compile(tg._fused_linear_kernel_tma, types, consts, cap, cfg.num_warps,
+                                             cfg.num_stages)
+            per_sm = min(65536 // (regs * cfg.num_warps * 32), smem_limit // smem)
+            assert stack == 0 and per_sm >= 2, f"{cfg}: {regs} registers, {stack} B stack, {smem} B shared"
     except (FileNotFoundError, subprocess_error()) as e:  # no ptxas / cuobjdump in this Triton
         pytest.skip(f"cannot compile for CUDA here: {e}")
 
