@@ -652,6 +652,19 @@ def _aot_compile(fn, types: dict, consts: dict, cap: int, num_warps: int, num_st
     return regs, stack, k.metadata.shared
 
 
+def _aot_tma_forward(tg, cfg, cap: int, gated: bool, activation: int, biases: tuple, store_pre: bool):
+    """_aot_compile of the TMA forward kernel (bf16, nn.Linear weights) in config `cfg`."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w1_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+             "w2_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+             **{n: "*bf16" for n in ("b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}}
+    consts = dict(GATED=gated, ACTIVATION=activation, HAS_B1=biases[0], HAS_B2=biases[1], STORE_PRE=store_pre, BWD=0,
+                  STORE_H=False, SUBTILE=False, PREFETCH=False, W_KN=False, DOT_PRECISION="tf32", BLOCK_M=bm,
+                  BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, PERSISTENT=cfg.persistent,
+                  stride_on=1, stride_pn=1, stride_hn=1)
+    return _aot_compile(tg._fused_linear_kernel_tma, types, consts, cap, cfg.num_warps, cfg.num_stages)
+
+
 @pytest.mark.parametrize("cap", [90, 80])
 def test_aot_compile_backward_kernels(fused_mlp, cap):
     """The backward's kernels compile for sm_90 and sm_80 without a GPU, within the shared
@@ -692,31 +705,18 @@ def test_aot_compile_backward_kernels(fused_mlp, cap):
         assert _aot_compile(tg._dual_gemm_kernel, dual, consts, cap, cfg.num_warps, cfg.num_stages)[2] <= smem_limit
         if cap >= 90:  # the plain forward's first persistent TMA candidate, inference (sm_90+ only;
             # storing the pre-activations too, Triton 3.9 spills 24 bytes there)
+            gelu_tanh = fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"]
             cfg = tg._PLAIN_CONFIGS["large"][0]
-            bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-            types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w1_desc": f"tensordesc<bf16[{bn}, {bk}]>",
-                     "w2_desc": f"tensordesc<bf16[{bn}, {bk}]>", **{n: "*bf16" for n in ("b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}}
-            consts = dict(GATED=False, ACTIVATION=fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"], HAS_B1=True,
-                          HAS_B2=False, STORE_PRE=False, BWD=0, STORE_H=False, SUBTILE=False, PREFETCH=False, W_KN=False,
-                          DOT_PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-                          PERSISTENT=True, stride_on=1, stride_pn=1, stride_hn=1)
-            regs, stack, smem = _aot_compile(tg._fused_linear_kernel_tma, types, consts, cap, cfg.num_warps,
-                                             cfg.num_stages)
+            regs, stack, smem = _aot_tma_forward(tg, cfg._replace(persistent=True), cap, gated=False,
+                                                 activation=gelu_tanh, biases=(True, False), store_pre=False)
             assert smem <= smem_limit and stack == 0, f"persistent {cfg}: {regs} registers, {stack} B stack, {smem} B"
             # The training forward's two-programs-per-SM candidate (gated, storing g | u, TMA):
             # it was chosen because it fits two programs per SM (session 7: 102 registers, 128 with
             # biases, 98 KB, Triton 3.9); a compiler that made it larger would lose that silently.
             cfg = tg.Config(128, 64, 64, 8, 8, 3)
             assert cfg in tg._GATED_CONFIGS["large"][: tg._TMA_VARIANTS]  # so the tuner also tries it as TMA
-            bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-            types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w1_desc": f"tensordesc<bf16[{bn}, {bk}]>",
-                     "w2_desc": f"tensordesc<bf16[{bn}, {bk}]>", **{n: "*bf16" for n in ("b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}}
-            consts = dict(GATED=True, ACTIVATION=fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"], HAS_B1=True,
-                          HAS_B2=True, STORE_PRE=True, BWD=0, STORE_H=False, SUBTILE=False, PREFETCH=False, W_KN=False,
-                          DOT_PRECISION="tf32", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m,
-                          PERSISTENT=False, stride_on=1, stride_pn=1, stride_hn=1)
-            regs, stack, smem = _aot_compile(tg._fused_linear_kernel_tma, types, consts, cap, cfg.num_warps,
-                                             cfg.num_stages)
+            regs, stack, smem = _aot_tma_forward(tg, cfg, cap, gated=True, activation=gelu_tanh, biases=(True, True),
+                                                 store_pre=True)
             per_sm = min(65536 // (regs * cfg.num_warps * 32), smem_limit // smem)
             assert stack == 0 and per_sm >= 2, f"{cfg}: {regs} registers, {stack} B stack, {smem} B shared"
     except (FileNotFoundError, subprocess_error()) as e:  # no ptxas / cuobjdump in this Triton
