@@ -55,6 +55,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -229,6 +230,29 @@ def fmt(v, spec="8.3f") -> str:
     return f"{'n/a':>{spec.split('.')[0]}}" if v is None else format(v, spec)
 
 
+def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int) -> tuple[dict, dict]:
+    """({name: median ms or None}, extra row fields): `repeats` rounds, each timing every
+    fns[name] (None: not timed) once in turn with time_one(fn); with repeats > 1 the extra
+    fields hold every round's times and ours / the best peer per round."""
+    runs = {name: [] for name in fns}
+    live = dict(fns)
+    for _ in range(repeats):
+        for name, fn in live.items():
+            if fn is None:
+                continue
+            try:
+                runs[name].append(time_one(fn))
+            except Exception as e:
+                print(f"[bench] {case} ({mode}): timing {name} failed: {type(e).__name__}: {e}", flush=True)
+                live[name], runs[name] = None, []
+    times = {name: (statistics.median(v) if v else None) for name, v in runs.items()}
+    extra = {}
+    if repeats > 1:
+        extra = {"rounds_ms": {n: v for n, v in runs.items() if v},
+                 "ratio_per_round": bench_mlp.ratio_per_round(runs)}
+    return times, extra
+
+
 def run(args) -> dict:
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -293,18 +317,16 @@ def run(args) -> dict:
                 steps[name] = None
         verification[c.name] = checks
 
-        times, mem = {}, {}
+        mem = {}
         for name, step in steps.items():
-            if step is None:
-                times[name] = mem[name] = None
-                continue
             try:
-                mem[name] = peak_mb(step, ps)
-                times[name] = bench(step, ps)
+                mem[name] = peak_mb(step, ps) if step is not None else None
             except Exception as e:
-                print(f"[bench] {c.name}: timing {name} failed: {type(e).__name__}: {e}", flush=True)
-                times[name] = mem[name] = None
+                print(f"[bench] {c.name}: {name} failed: {type(e).__name__}: {e}", flush=True)
+                steps[name] = mem[name] = None
         floor = max(c.flops / ceil["bf16_matmul_flop_per_s"], c.min_bytes / ceil["copy_bytes_per_s"]) * 1e3
+        # --repeats R: R rounds, each timing every implementation once in turn (as bench_mlp.py)
+        times, rounds = timed_rounds(c.name, "events", steps, lambda step: bench(step, ps), args.repeats)
         rows.append({
             "case": c.name,
             "timing": "events",
@@ -313,26 +335,31 @@ def run(args) -> dict:
             "ours_recompute_ms": times["ours_recompute"],
             "peak_mem_mb": {k: mem.get(k) for k in MEM_KEYS},
             "floor_ms": floor,
+            **rounds,
         })
         if args.graph and device == "cuda":
             import triton.testing
 
-            gtimes = {}
+            replays = {}
             for name, step in steps.items():
-                gtimes[name] = None
+                replays[name] = None
                 if step is None:
                     continue
                 try:
-                    replay = graphed_step(step, ps)
-                    gtimes[name] = float(triton.testing.do_bench(replay, warmup=args.warmup, rep=args.rep,
-                                                                 return_mode="median"))
+                    replays[name] = graphed_step(step, ps)
                 except Exception as e:  # reported, the row says n/a
-                    print(f"[bench] {c.name}: graph timing of {name} failed: {type(e).__name__}: {e}", flush=True)
-                for p in ps:
-                    p.grad = None
-            rows.append({**rows[-1], "timing": "graph", "ours_ms": gtimes["ours"],
+                    print(f"[bench] {c.name}: graph capture of {name} failed: {type(e).__name__}: {e}", flush=True)
+            for p in ps:
+                p.grad = None
+            gtimes, grounds = timed_rounds(
+                c.name, "graph", replays,
+                lambda replay: float(triton.testing.do_bench(replay, warmup=args.warmup, rep=args.rep,
+                                                             return_mode="median")), args.repeats)
+            del replays
+            row = {k: v for k, v in rows[-1].items() if k not in ("rounds_ms", "ratio_per_round")}
+            rows.append({**row, "timing": "graph", "ours_ms": gtimes["ours"],
                          "peers_ms": {p: gtimes.get(p) for p in PEERS},
-                         "ours_recompute_ms": gtimes["ours_recompute"]})
+                         "ours_recompute_ms": gtimes["ours_recompute"], **grounds})
         if args.variants:
             variants[c.name] = run_variants(c, t, fm, bench, fwds, ref)
         del t, ps, dy, ref, fwds, steps
@@ -469,9 +496,14 @@ def print_table(res: dict) -> None:
         line = (f"{label:45s} {fmt(ours)} {fmt(r['ours_recompute_ms'])} "
                 + " ".join(fmt(peers.get(p)) for p in PEERS) + f" {r['floor_ms']:8.3f} {ratio} | "
                 + "          " + " ".join(fmt(mem.get(k), "9.1f") for k in MEM_KEYS) + f" {m_ratio} {rc_ratio}")
+        rounds = r.get("ratio_per_round")
+        if rounds:
+            line += f"  rounds {min(rounds):.3f}-{max(rounds):.3f} (median {statistics.median(rounds):.3f})"
         print(line)
     print("times in ms (median of do_bench, forward + backward); ours/best: against the fastest of "
-          "eager, compile, liger; peak MB: allocated during one step above what was allocated before it")
+          "eager, compile, liger; peak MB: allocated during one step above what was allocated before it"
+          + ("; rounds: ours / best peer of the same round" if any(r.get("ratio_per_round") for r in res["rows"])
+             else ""))
 
 
 def main() -> None:
@@ -482,11 +514,16 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
     p.add_argument("--repo-id", default="org/fused-mlp")
     p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of timing per case, interleaved across implementations; each row gives the "
+                        "medians, every round's times and ours / best peer per round (default 1)")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=200, help="do_bench repetition time, ms")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script
     p.add_argument("--shrink", type=int, default=1, help=argparse.SUPPRESS)  # divide all sizes (dry runs)
     args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     res = run(args)
     print_table(res)
     args.out.parent.mkdir(parents=True, exist_ok=True)

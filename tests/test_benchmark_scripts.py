@@ -92,3 +92,37 @@ def test_gemm_variants_configs_are_checked():
         res = subprocess.run([sys.executable, str(BENCH / "micro" / "gemm_variants.py"), "--configs", bad],
                              capture_output=True, text=True, timeout=300)
         assert res.returncode == 2 and "--configs" in res.stderr and "6 to 8 integers" in res.stderr, bad
+
+
+def test_train_timed_rounds_interleaves_and_drops_a_failing_implementation():
+    bt = _load("bench_train_under_test", BENCH / "bench_train.py")
+    order = []
+
+    def timer(name):
+        def fn():
+            order.append(name)
+            if name == "liger" and len([o for o in order if o == "liger"]) == 2:
+                raise RuntimeError("second round fails")
+            return {"ours": 1.0, "eager": 2.0, "liger": 4.0}[name]
+        return fn
+
+    fns = {"ours": timer("ours"), "eager": timer("eager"), "compile": None, "liger": timer("liger")}
+    times, extra = bt.timed_rounds("case", "events", fns, lambda fn: fn(), repeats=3)
+    assert order == ["ours", "eager", "liger", "ours", "eager", "liger", "ours", "eager"]  # rounds, in turn
+    assert times == {"ours": 1.0, "eager": 2.0, "compile": None, "liger": None}
+    assert extra["rounds_ms"] == {"ours": [1.0] * 3, "eager": [2.0] * 3}
+    assert extra["ratio_per_round"] == [0.5] * 3
+    assert bt.timed_rounds("case", "events", fns, lambda fn: 1.0, repeats=1)[1] == {}  # one round: no extras
+
+
+def test_bench_train_repeats_dry_run(tmp_path):
+    out = tmp_path / "train.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_train.py"), "--device", "cpu", "--shrink", "64", "--cases", "geglu",
+         "--skip-peers", "compile,liger", "--repeats", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    row = json.loads(out.read_text())["rows"][0]
+    assert sorted(row["rounds_ms"]) == ["eager", "ours", "ours_recompute"]
+    assert row["ours_ms"] == statistics.median(row["rounds_ms"]["ours"])
+    assert len(row["ratio_per_round"]) == 2
