@@ -236,6 +236,29 @@ def ratio_per_round(runs: dict) -> list:
     return out
 
 
+def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int) -> tuple[dict, dict]:
+    """({name: median ms or None}, extra row fields): `repeats` rounds, each timing every
+    fns[name] (None: not timed) once in turn with time_one(fn); with repeats > 1 the extra
+    fields hold every round's times and ours / the best peer per round."""
+    runs = {name: [] for name in fns}
+    live = dict(fns)
+    for _ in range(repeats):
+        for name, fn in live.items():
+            if fn is None:
+                continue
+            try:
+                runs[name].append(time_one(fn))
+            except Exception as e:
+                print(f"[bench] {case} ({mode}): timing {name} failed: {type(e).__name__}: {e}", flush=True)
+                live[name], runs[name] = None, []
+    times = {name: (statistics.median(v) if v else None) for name, v in runs.items()}
+    extra = {}
+    if repeats > 1:
+        extra = {"rounds_ms": {n: v for n, v in runs.items() if v},
+                 "ratio_per_round": ratio_per_round(runs)}
+    return times, extra
+
+
 def fmt(v) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
@@ -307,34 +330,19 @@ def run(args) -> dict:
             # --repeats R: R rounds, each timing every implementation once in turn, so that
             # a drift of the GPU's clocks or of the host touches all of them alike; the row
             # holds each one's median over the rounds, and every round's time.
-            runs = {name: [] for name in impl}
             with torch.inference_mode():
                 calls = {name: (graphed(fn) if mode == "graph" else fn) if fn is not None else None
                          for name, fn in impl.items()}
-                for _ in range(args.repeats):
-                    for name, fn in calls.items():
-                        if fn is None:
-                            continue
-                        try:
-                            runs[name].append(timer(fn))
-                        except Exception as e:
-                            print(f"[bench] {c.name} ({mode}): timing {name} failed: {type(e).__name__}: {e}",
-                                  flush=True)
-                            calls[name] = None
-                            runs[name] = []
+                times, rounds = timed_rounds(c.name, mode, calls, timer, args.repeats)
                 del calls
-            times = {name: (statistics.median(v) if v else None) for name, v in runs.items()}
-            row = {
+            rows.append({
                 "case": c.name,
                 "timing": mode,
                 "ours_ms": times.pop("ours"),
                 "peers_ms": {p: times.get(p) for p in PEERS},
                 "floor_ms": floor,
-            }
-            if args.repeats > 1:
-                row["rounds_ms"] = {name: v for name, v in runs.items() if v}
-                row["ratio_per_round"] = ratio_per_round(runs)
-            rows.append(row)
+                **rounds,
+            })
         del t, ref, impl
         if device == "cuda":
             torch.cuda.empty_cache()

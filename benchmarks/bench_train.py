@@ -230,29 +230,6 @@ def fmt(v, spec="8.3f") -> str:
     return f"{'n/a':>{spec.split('.')[0]}}" if v is None else format(v, spec)
 
 
-def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int) -> tuple[dict, dict]:
-    """({name: median ms or None}, extra row fields): `repeats` rounds, each timing every
-    fns[name] (None: not timed) once in turn with time_one(fn); with repeats > 1 the extra
-    fields hold every round's times and ours / the best peer per round."""
-    runs = {name: [] for name in fns}
-    live = dict(fns)
-    for _ in range(repeats):
-        for name, fn in live.items():
-            if fn is None:
-                continue
-            try:
-                runs[name].append(time_one(fn))
-            except Exception as e:
-                print(f"[bench] {case} ({mode}): timing {name} failed: {type(e).__name__}: {e}", flush=True)
-                live[name], runs[name] = None, []
-    times = {name: (statistics.median(v) if v else None) for name, v in runs.items()}
-    extra = {}
-    if repeats > 1:
-        extra = {"rounds_ms": {n: v for n, v in runs.items() if v},
-                 "ratio_per_round": bench_mlp.ratio_per_round(runs)}
-    return times, extra
-
-
 def run(args) -> dict:
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -326,7 +303,7 @@ def run(args) -> dict:
                 steps[name] = mem[name] = None
         floor = max(c.flops / ceil["bf16_matmul_flop_per_s"], c.min_bytes / ceil["copy_bytes_per_s"]) * 1e3
         # --repeats R: R rounds, each timing every implementation once in turn (as bench_mlp.py)
-        times, rounds = timed_rounds(c.name, "events", steps, lambda step: bench(step, ps), args.repeats)
+        times, rounds = bench_mlp.timed_rounds(c.name, "events", steps, lambda step: bench(step, ps), args.repeats)
         rows.append({
             "case": c.name,
             "timing": "events",
@@ -351,7 +328,7 @@ def run(args) -> dict:
                     print(f"[bench] {c.name}: graph capture of {name} failed: {type(e).__name__}: {e}", flush=True)
             for p in ps:
                 p.grad = None
-            gtimes, grounds = timed_rounds(
+            gtimes, grounds = bench_mlp.timed_rounds(
                 c.name, "graph", replays,
                 lambda replay: float(triton.testing.do_bench(replay, warmup=args.warmup, rep=args.rep,
                                                              return_mode="median")), args.repeats)

@@ -94,8 +94,8 @@ def test_gemm_variants_configs_are_checked():
         assert res.returncode == 2 and "--configs" in res.stderr and "6 to 8 integers" in res.stderr, bad
 
 
-def test_train_timed_rounds_interleaves_and_drops_a_failing_implementation():
-    bt = _load("bench_train_under_test", BENCH / "bench_train.py")
+def test_timed_rounds_interleaves_and_drops_a_failing_implementation():
+    bm = _load("bench_mlp_under_test", BENCH / "bench_mlp.py")
     order = []
 
     def timer(name):
@@ -107,12 +107,12 @@ def test_train_timed_rounds_interleaves_and_drops_a_failing_implementation():
         return fn
 
     fns = {"ours": timer("ours"), "eager": timer("eager"), "compile": None, "liger": timer("liger")}
-    times, extra = bt.timed_rounds("case", "events", fns, lambda fn: fn(), repeats=3)
+    times, extra = bm.timed_rounds("case", "events", fns, lambda fn: fn(), repeats=3)
     assert order == ["ours", "eager", "liger", "ours", "eager", "liger", "ours", "eager"]  # rounds, in turn
     assert times == {"ours": 1.0, "eager": 2.0, "compile": None, "liger": None}
     assert extra["rounds_ms"] == {"ours": [1.0] * 3, "eager": [2.0] * 3}
     assert extra["ratio_per_round"] == [0.5] * 3
-    assert bt.timed_rounds("case", "events", fns, lambda fn: 1.0, repeats=1)[1] == {}  # one round: no extras
+    assert bm.timed_rounds("case", "events", fns, lambda fn: 1.0, repeats=1)[1] == {}  # one round: no extras
 
 
 def test_bench_train_repeats_dry_run(tmp_path):
