@@ -259,6 +259,15 @@ def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int) -> tup
     return times, extra
 
 
+def rounds_text(row: dict) -> str:
+    """A table line's tail for a row timed in rounds: the spread of ours / best per round."""
+    r = row.get("ratio_per_round")
+    return f"  rounds {min(r):.3f}-{max(r):.3f} (median {statistics.median(r):.3f}, n={len(r)})" if r else ""
+
+
+ROUNDS_FOOTER = "; rounds: ours / best peer of the same round"
+
+
 def fmt(v) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
@@ -381,12 +390,9 @@ def print_table(res: dict) -> None:
         line = f"{r['case']:40s} {r['timing']:6s} {fmt(ours):>8s} "
         line += " ".join(f"{fmt(peers.get(p)):>10s}" for p in PEERS)
         line += f" {r['floor_ms']:8.4f} {ratio} {over_floor}"
-        rounds = r.get("ratio_per_round")
-        if rounds:
-            line += f"  rounds {min(rounds):.3f}-{max(rounds):.3f} (median {statistics.median(rounds):.3f}, n={len(rounds)})"
-        print(line)
+        print(line + rounds_text(r))
     print("times in ms (median); ours/best: against the fastest of eager, compile, liger"
-          + ("; rounds: ours / best peer of the same round" if any(r.get("ratio_per_round") for r in res["rows"]) else ""))
+          + (ROUNDS_FOOTER if any(r.get("ratio_per_round") for r in res["rows"]) else ""))
 
 
 def plot(res: dict, path: Path) -> None:

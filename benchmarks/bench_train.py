@@ -55,7 +55,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -473,14 +472,10 @@ def print_table(res: dict) -> None:
         line = (f"{label:45s} {fmt(ours)} {fmt(r['ours_recompute_ms'])} "
                 + " ".join(fmt(peers.get(p)) for p in PEERS) + f" {r['floor_ms']:8.3f} {ratio} | "
                 + "          " + " ".join(fmt(mem.get(k), "9.1f") for k in MEM_KEYS) + f" {m_ratio} {rc_ratio}")
-        rounds = r.get("ratio_per_round")
-        if rounds:
-            line += f"  rounds {min(rounds):.3f}-{max(rounds):.3f} (median {statistics.median(rounds):.3f})"
-        print(line)
+        print(line + bench_mlp.rounds_text(r))
     print("times in ms (median of do_bench, forward + backward); ours/best: against the fastest of "
           "eager, compile, liger; peak MB: allocated during one step above what was allocated before it"
-          + ("; rounds: ours / best peer of the same round" if any(r.get("ratio_per_round") for r in res["rows"])
-             else ""))
+          + (bench_mlp.ROUNDS_FOOTER if any(r.get("ratio_per_round") for r in res["rows"]) else ""))
 
 
 def main() -> None:

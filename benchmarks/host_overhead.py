@@ -29,6 +29,7 @@ import io
 import os
 import pstats
 import time
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -100,15 +101,10 @@ def train_host_time(fm, say, detail: bool = False) -> None:
     # where the gated step's host time goes: without TMA descriptors, torch.profiler's CPU
     # side (launch and driver calls included), cProfile by cumulative time
     gated = steps["ours gated_mlp gelu_tanh"]
-    before = os.environ.get("FUSED_MLP_TMA")
-    os.environ["FUSED_MLP_TMA"] = "0"
-    gated()
-    torch.cuda.synchronize()
-    say(f"  ours gated_mlp, FUSED_MLP_TMA=0        {host_us(gated, n=20):8.1f}")
-    if before is None:
-        del os.environ["FUSED_MLP_TMA"]
-    else:
-        os.environ["FUSED_MLP_TMA"] = before
+    with mock.patch.dict(os.environ, {"FUSED_MLP_TMA": "0"}):  # part of the launch plans' key
+        gated()
+        torch.cuda.synchronize()
+        say(f"  ours gated_mlp, FUSED_MLP_TMA=0        {host_us(gated, n=20):8.1f}")
     gated()
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity
@@ -204,13 +200,8 @@ def main() -> None:
     if args.train:
         if args.train_pieces:
             train_pieces(fm, tg, disp, say)
-            before = os.environ.get("FUSED_MLP_TMA")
-            os.environ["FUSED_MLP_TMA"] = "0"  # part of the launch plans' key: new plans without TMA
-            train_pieces(fm, tg, disp, say)
-            if before is None:
-                del os.environ["FUSED_MLP_TMA"]
-            else:
-                os.environ["FUSED_MLP_TMA"] = before
+            with mock.patch.dict(os.environ, {"FUSED_MLP_TMA": "0"}):
+                train_pieces(fm, tg, disp, say)
         train_host_time(fm, say, args.train_detail)
         cases = {}
     else:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,3 +127,20 @@ def test_bench_train_repeats_dry_run(tmp_path):
     assert sorted(row["rounds_ms"]) == ["eager", "ours", "ours_recompute"]
     assert row["ours_ms"] == statistics.median(row["rounds_ms"]["ours"])
     assert len(row["ratio_per_round"]) == 2
+
+
+def test_host_overhead_train_pieces_dry_run(fused_mlp, monkeypatch):
+    """host_overhead's per-piece table of the training step calls the package's internals
+    by hand (private signatures that change): each piece runs once here, on CPU tensors
+    through the Triton interpreter, so a stale call fails in CI, not on the device."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    ho = _load("host_overhead_under_test", BENCH / "host_overhead.py")
+    ran = []
+    monkeypatch.setattr(ho, "host_us", lambda fn, n=300: (ran.append(fn()), 1.0)[1])
+    tg = importlib.import_module(fused_mlp.__name__ + ".triton_gemm").interpreted_module()
+    lines = []
+    ho.train_pieces(fused_mlp, tg, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
+    assert lines[0].startswith("## training step pieces") and len(lines) == len(ran) + 1 == 14
+    assert all(line.rstrip().endswith("1.0") for line in lines[1:])

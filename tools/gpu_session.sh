@@ -126,6 +126,8 @@ if has profile; then
   step profile
   $PY benchmarks/profile_post.py --out-dir "$OUT/traces" > "$OUT/profile_post_h200.txt" 2>&1
   tail -40 "$OUT/profile_post_h200.txt" | tee -a "$LOG"
+  # one archive: the device tool brings back only a few files per call
+  tar czf "$OUT/profile_post_traces.tar.gz" -C "$OUT" traces && rm -rf "$OUT/traces"
 fi
 if has demo; then
   step demo

@@ -21,20 +21,15 @@ between runs.
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import os
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import torch  # noqa: E402
-
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import rel_err, run_info  # noqa: E402
+from _common import local_package, rel_err, write_report  # noqa: E402
 
 # name -> (gated, M, K (= model dim), N (= hidden), activation); plain cases have a bias
 CASES = {
@@ -231,12 +226,9 @@ def main() -> None:
         ONLY_CONFIGS.append(tuple(v[:6]) + tuple(bool(t) for t in v[6:]))
     if not torch.cuda.is_available():
         raise SystemExit("[gemm] needs a CUDA GPU")
-    import triton
     import triton.testing
-    from kernels import get_kernel
 
-    fm = get_kernel("org/fused-mlp", version=1)
-    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+    fm, tg = local_package("triton_gemm")
     rows: list = []
 
     def bench(fn) -> float:
@@ -256,9 +248,7 @@ def main() -> None:
                     print(f"[gemm] {kernel} {name}: best {best['variant']} {best['ms'] * 1e3:.1f} us ({refs})",
                           flush=True)
 
-    report = {**run_info(), "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_report(args.out, rows)
     print(f"[gemm] wrote {args.out}")
 
 

@@ -7,20 +7,16 @@ next to do_bench's (L2 flushed), in one process.
 """
 from __future__ import annotations
 
-import importlib
-import os
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+import triton.testing
 
-import torch  # noqa: E402
-import triton.testing  # noqa: E402
-from kernels import get_kernel  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import local_package  # noqa: E402
 
-fm = get_kernel("org/fused-mlp", version=1)
-tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+fm, tg = local_package("triton_gemm")
 m, k, n = 8192, 768, 3072
 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
