@@ -623,6 +623,19 @@ def test_interpret_derivatives_match_torch(interpret):
 # ----------------------------------------------------------------------------- CPU: ahead-of-time compiles
 
 
+def _aot_kernel(fn, types: dict, consts: dict, cap: int, num_warps: int, num_stages: int):
+    """triton.compile for CUDA capability `cap` without a GPU (see _aot_compile)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and not sig[n].startswith("tensordesc")}
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cap, 64 if cap >= 90 else 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
 def _aot_compile(fn, types: dict, consts: dict, cap: int, num_warps: int, num_stages: int):
     """Compile a kernel for CUDA capability `cap` without a GPU: (registers, stack bytes,
     shared memory bytes), from the cubin's resource usage (cuobjdump). Pointers and the
@@ -632,16 +645,9 @@ def _aot_compile(fn, types: dict, consts: dict, cap: int, num_warps: int, num_st
     import subprocess
     import tempfile
 
-    import triton
     import triton.backends.nvidia as nv
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n] != "constexpr" and not sig[n].startswith("tensordesc")}
-    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cap, 64 if cap >= 90 else 32),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+    k = _aot_kernel(fn, types, consts, cap, num_warps, num_stages)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
         f.flush()
@@ -1035,3 +1041,77 @@ def test_recompute_chunk_setting_is_checked(fused_mlp, monkeypatch, value):
         tb.recompute_chunk_bytes()
     monkeypatch.setenv("FUSED_MLP_RECOMPUTE_CHUNK_MB", "0.5")
     assert tb.recompute_chunk_bytes() == 2**19
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "quick_gelu"])
+def test_gpu_fast_tanh(gpu, monkeypatch, act):
+    """FUSED_MLP_FAST_TANH=1 (experimental): the training forward and the dh kernel's
+    derivative through tanh.approx.f32; bf16 gradients as close to float64 as the default
+    forms' (and different from them: the fast kernels ran)."""
+    d, h, o = ODD
+    t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=7)
+    ref = ref_grads_gated(gpu, t, act)
+    got = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("FUSED_MLP_FAST_TANH", env)
+        got[env] = {n: g.cpu() for n, g in grads_gated(gpu, t, act).items()}
+    check_grads(got["1"], ref, TOL[torch.bfloat16], f"gated {act} fast")
+    assert any(not torch.equal(got["1"][n], got["0"][n]) for n in ref), "the fast form did not run"
+    for n in ref:
+        e_fast, e_base = rel_err(got["1"][n], ref[n]), rel_err(got["0"][n], ref[n])
+        assert e_fast <= 1.5 * e_base + 1e-4, f"{act} {n}: fast {e_fast:.2e} against {e_base:.2e}"
+
+
+def test_aot_fast_tanh_forms(fused_mlp):
+    """FUSED_MLP_FAST_TANH's kernel forms compile for sm_90 without a GPU, with one
+    tanh.approx.f32 and no exponential or division per element: the gated forward (TMA)
+    and the dh kernel's derivative epilogue, for each sigmoid-based activation."""
+    pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no ASTSource / GPUTarget")
+    tg = module(fused_mlp, "triton_gemm")
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    bm, bn, bk = 128, 64, 64
+    fwd_types = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w1_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+                 "w2_desc": f"tensordesc<bf16[{bn}, {bk}]>",
+                 **{n: "*bf16" for n in ("b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}}
+    ptr_types = {n: "*bf16" for n in ("x_ptr", "w1_ptr", "w2_ptr", "b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}
+    try:
+        for act in ("silu", "gelu_tanh", "quick_gelu"):
+            fast = ids[act] + tg._FAST
+            fwd = dict(GATED=True, ACTIVATION=fast, HAS_B1=False, HAS_B2=False, STORE_PRE=True, BWD=0,
+                       STORE_H=False, SUBTILE=False, PREFETCH=False, W_KN=False, DOT_PRECISION="tf32",
+                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PERSISTENT=False,
+                       stride_on=1, stride_pn=1, stride_hn=1)
+            dh = dict(GATED=False, ACTIVATION=fast, HAS_B1=False, HAS_B2=False, STORE_PRE=False, BWD=2,
+                      STORE_H=True, SUBTILE=True, PREFETCH=False, EVEN_K=True, DOT_PRECISION="tf32",
+                      BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, stride_xk=1, stride_w1n=1, stride_w2n=1,
+                      stride_on=1, stride_pn=1, stride_hn=1)
+            for fn, types, consts, warps in ((tg._fused_linear_kernel_tma, fwd_types, fwd, 8),
+                                             (tg._fused_linear_kernel, ptr_types, dh, 4)):
+                ptx = _aot_kernel(fn, types, consts, 90, warps, 3).asm["ptx"]
+                assert "tanh.approx.f32" in ptx, (act, fn.__name__)
+                assert "ex2.approx" not in ptx and "div.full.f32" not in ptx and "div.rn.f32" not in ptx, (act, fn.__name__)
+    except (FileNotFoundError, subprocess_error()) as e:  # no ptxas in this Triton
+        pytest.skip(f"cannot compile for CUDA here: {e}")
+
+
+def test_fast_tanh_is_opt_in_and_16_bit_only(fused_mlp, monkeypatch):
+    """The launch's ACTIVATION constant: the fast form only with FUSED_MLP_FAST_TANH=1, for
+    16-bit outputs, for the sigmoid-based activations, and never under the interpreter."""
+    tg = module(fused_mlp, "triton_gemm")
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    out16, out32 = torch.empty(2, 2, dtype=torch.bfloat16), torch.empty(2, 2)
+    monkeypatch.delenv("FUSED_MLP_FAST_TANH", raising=False)
+    assert tg._kernel_activation(ids["silu"], out16) == ids["silu"]
+    monkeypatch.setenv("FUSED_MLP_FAST_TANH", "1")
+    want = ids["silu"] if tg.INTERPRETED else ids["silu"] + tg._FAST
+    assert tg._kernel_activation(ids["silu"], out16) == want
+    assert tg._kernel_activation(ids["silu"], out32) == ids["silu"]
+    assert tg._kernel_activation(ids["gelu"], out16) == ids["gelu"]  # erf GELU has no tanh form
+    monkeypatch.setattr(tg, "INTERPRETED", True)
+    assert tg._kernel_activation(ids["gelu_tanh"], out16) == ids["gelu_tanh"]

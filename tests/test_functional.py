@@ -849,3 +849,27 @@ def test_dispatch_counts_the_span_of_strided_views(fused_mlp):
     assert dispatch._too_large(far, w)
     choice = dispatch.choose(far, "gated", (w, w, w.t()), 16)
     assert choice.path == "reference" and "32-bit" in choice.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh", "quick_gelu"])
+def test_gpu_fast_tanh(gpu, monkeypatch, dtype, act):
+    """FUSED_MLP_FAST_TANH=1 (experimental): the sigmoid-based activations through one
+    tanh.approx.f32. The forward must really change (a different kernel ran) and stay as
+    close to float64 as the default forms, within a 16-bit output's rounding."""
+    monkeypatch.setenv("FUSED_MLP_CUBLASLT", "0")  # the plain MLP's gelu_tanh on our kernel
+    d, h, o = ODD
+    t = make_gated(777, d, h, o, dtype, "cuda", True, seed=5)
+    p = make_plain(777, d, h, o, dtype, "cuda", True, "linear", seed=6)
+    ref_g, ref_p = ref_gated(gpu, t, act), ref_plain(gpu, p, act, "linear")
+    for env in ("0", "1"):
+        monkeypatch.setenv("FUSED_MLP_FAST_TANH", env)
+        out_g, out_p = run_gated(gpu, t, act).cpu(), run_plain(gpu, p, act, "linear").cpu()
+        if env == "0":
+            base_g, base_p = out_g, out_p
+            continue
+        assert not torch.equal(out_g, base_g) and not torch.equal(out_p, base_p), "the fast form did not run"
+        for out, base, ref, what in ((out_g, base_g, ref_g, "gated"), (out_p, base_p, ref_p, "mlp")):
+            check(out, ref, TOL[dtype], f"{what} {act} fast")
+            assert rel_err(out, ref) <= 1.5 * rel_err(base, ref) + 1e-4, f"{what} {act}: fast form less accurate"

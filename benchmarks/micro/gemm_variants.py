@@ -62,6 +62,8 @@ PERSISTENT_NARROW = False
 ONLY_CONFIGS: list = []
 # --gated-bias: the gated forward with gate and up biases (the cuBLAS references stay bias-free)
 GATED_BIAS = False
+# --fast-tanh: every variant also with FUSED_MLP_FAST_TANH=1 (the activation through tanh.approx)
+FAST_TANH = ("0",)
 
 
 def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
@@ -134,14 +136,20 @@ def dh_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
     cands = variants_of(tg, tg.candidates(False, m, n, k, dtype, tma=True, table=tg._BWD_CONFIGS))
     runs = [(c._replace(prefetch=p), "1") for c in cands for p in ((False,) if c.persistent else (False, True))]
     runs += [(cands[0]._replace(prefetch=p), "0") for p in (False, True)]
+    if ONLY_CONFIGS:
+        runs = [(tg.Config(*c)._replace(prefetch=p), "1") for c in ONLY_CONFIGS for p in (False, True)]
     for cfg, subtile in runs:
-        os.environ["FUSED_MLP_BWD_SUBTILE"] = subtile
-        out.fill_(float("nan"))
-        timed(rows, {**base, "config": list(cfg), "prefetch": cfg.prefetch, "subtile": subtile == "1"},
-              f"{label(cfg)} prefetch={int(cfg.prefetch)} subtile={subtile}",
-              lambda: tg.linear_dact(dy, wd, True, pre, out, act_id, gated=gated, config=cfg),
-              lambda: rel_err(out, want), bench)
+        for fast in FAST_TANH:
+            os.environ["FUSED_MLP_BWD_SUBTILE"] = subtile
+            os.environ["FUSED_MLP_FAST_TANH"] = fast
+            out.fill_(float("nan"))
+            timed(rows, {**base, "config": list(cfg), "prefetch": cfg.prefetch, "subtile": subtile == "1",
+                         "fast_tanh": fast == "1"},
+                  f"{label(cfg)} prefetch={int(cfg.prefetch)} subtile={subtile}" + (" fast_tanh" if fast == "1" else ""),
+                  lambda: tg.linear_dact(dy, wd, True, pre, out, act_id, gated=gated, config=cfg),
+                  lambda: rel_err(out, want), bench)
     os.environ.pop("FUSED_MLP_BWD_SUBTILE", None)
+    os.environ.pop("FUSED_MLP_FAST_TANH", None)
 
 
 def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
@@ -183,7 +191,8 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
     cands = variants_of(tg, tg.candidates(gated, m, n, k, dtype, tma=True), extra=not gated, few_tokens=few_tokens)
     if ONLY_CONFIGS:
         cands = [tg.Config(*c) for c in ONLY_CONFIGS]
-    for mode, p in modes:
+    for mode, p, fast in ((mode, p, fast) for mode, p in modes for fast in FAST_TANH):
+        os.environ["FUSED_MLP_FAST_TANH"] = fast
         for cfg in cands:
             def run(cfg=cfg, p=p):
                 if gated:
@@ -197,9 +206,10 @@ def fwd_case(tg, acts, name, gated, m, k, n, act, bench, rows) -> None:
             out.fill_(float("nan"))
             if p is not None:
                 p.fill_(float("nan"))
-            timed(rows, {"kernel": "fwd", "case": name, "mode": mode, "config": list(cfg),
+            timed(rows, {"kernel": "fwd", "case": name, "mode": mode, "config": list(cfg), "fast_tanh": fast == "1",
                          **({"gated_bias": True} if gated and GATED_BIAS else {})},
-                  f"{mode} {label(cfg)}", run, check, bench)
+                  f"{mode} {label(cfg)}" + (" fast_tanh" if fast == "1" else ""), run, check, bench)
+    os.environ.pop("FUSED_MLP_FAST_TANH", None)
 
 
 def main() -> None:
@@ -209,12 +219,15 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--persistent-narrow", action="store_true", help="also EXTRA_PERSISTENT_NARROW (see there)")
     ap.add_argument("--configs", default="",
-                    help="forward only these configs: 'bm,bn,bk,group_m,warps,stages[,tma[,persistent]];...' "
+                    help="only these configs (forward; dh with prefetch off and on): 'bm,bn,bk,group_m,warps,stages[,tma[,persistent]];...' "
                          "(tma / persistent as 0 or 1)")
     ap.add_argument("--gated-bias", action="store_true", help="the gated forward with gate and up biases")
+    ap.add_argument("--fast-tanh", action="store_true",
+                    help="time every variant with FUSED_MLP_FAST_TANH=0 and =1 (forward and dh)")
     args = ap.parse_args()
-    global PERSISTENT_NARROW, GATED_BIAS
+    global PERSISTENT_NARROW, GATED_BIAS, FAST_TANH
     GATED_BIAS = args.gated_bias
+    FAST_TANH = ("0", "1") if args.fast_tanh else ("0",)
     PERSISTENT_NARROW = args.persistent_narrow
     for spec in filter(None, args.configs.split(";")):
         try:

@@ -88,6 +88,21 @@ _GELU = tl.constexpr(ACTIVATION_IDS["gelu"])
 _RELU = tl.constexpr(ACTIVATION_IDS["relu"])
 _RELU2 = tl.constexpr(ACTIVATION_IDS["relu2"])
 _QUICK_GELU = tl.constexpr(ACTIVATION_IDS["quick_gelu"])
+# The sigmoid-based activations in a form with one tanh.approx.f32 (one special-function
+# unit operation per element) instead of an exponential and a reciprocal (two): the
+# activation id plus _FAST, chosen on the host for 16-bit outputs on a GPU (_kernel_activation).
+_FAST = 64
+assert max(ACTIVATION_IDS.values()) < _FAST
+_SILU_FAST = tl.constexpr(ACTIVATION_IDS["silu"] + _FAST)
+_GELU_TANH_FAST = tl.constexpr(ACTIVATION_IDS["gelu_tanh"] + _FAST)
+_QUICK_GELU_FAST = tl.constexpr(ACTIVATION_IDS["quick_gelu"] + _FAST)
+
+
+@triton.jit
+def _tanh_approx(x):
+    """tanh on fp32 by the hardware's approximation (relative error about 2**-11)."""
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
 
 
 @triton.jit
@@ -108,6 +123,15 @@ def _activation(x, ACTIVATION: tl.constexpr):
         x = x * x
     elif ACTIVATION == _QUICK_GELU:
         x = x / (1.0 + tl.exp(-1.702 * x))
+    elif ACTIVATION == _SILU_FAST:  # sigmoid(x) = (1 + tanh(x / 2)) / 2
+        hx = 0.5 * x
+        x = hx + hx * _tanh_approx(hx)
+    elif ACTIVATION == _GELU_TANH_FAST:
+        hx = 0.5 * x
+        x = hx + hx * _tanh_approx(0.7978845608028654 * (x + 0.044715 * x * x * x))
+    elif ACTIVATION == _QUICK_GELU_FAST:
+        hx = 0.5 * x
+        x = hx + hx * _tanh_approx(0.851 * x)
     return x
 
 
@@ -138,6 +162,18 @@ def _activation_and_grad(x, ACTIVATION: tl.constexpr):
         a = a * a
     elif ACTIVATION == _QUICK_GELU:
         s = 1.0 / (1.0 + tl.exp(-1.702 * x))
+        a = x * s
+        d = s + 1.702 * x * s * (1.0 - s)
+    elif ACTIVATION == _SILU_FAST:
+        s = 0.5 + 0.5 * _tanh_approx(0.5 * x)
+        a = x * s
+        d = s * (1.0 + x * (1.0 - s))
+    elif ACTIVATION == _GELU_TANH_FAST:
+        s = 0.5 + 0.5 * _tanh_approx(0.7978845608028654 * (x + 0.044715 * x * x * x))
+        a = x * s
+        d = s + x * s * (1.0 - s) * (1.5957691216057308 * (1.0 + 0.134145 * x * x))
+    elif ACTIVATION == _QUICK_GELU_FAST:
+        s = 0.5 + 0.5 * _tanh_approx(0.851 * x)
         a = x * s
         d = s + 1.702 * x * s * (1.0 - s)
     else:  # identity
@@ -668,6 +704,20 @@ class _Plan:
         self.runner = None
 
 
+_FAST_FORMS = {ACTIVATION_IDS[a] for a in ("silu", "gelu_tanh", "quick_gelu")}
+
+
+def _kernel_activation(activation_id: int, out: Tensor) -> int:
+    """The ACTIVATION constant of a launch: the tanh.approx form (activation id + _FAST) for
+    16-bit outputs on a GPU where FUSED_MLP_FAST_TANH=1 (experimental, off by default: its
+    error is within a 16-bit output's rounding, but not fp32's; the interpreter has no
+    inline assembly)."""
+    if (activation_id in _FAST_FORMS and not INTERPRETED and out.dtype in (torch.float16, torch.bfloat16)
+            and os.environ.get("FUSED_MLP_FAST_TANH", "0") == "1"):
+        return activation_id + _FAST
+    return activation_id
+
+
 def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool,
                has_b1: bool, has_b2: bool, out: Tensor, activation_id: int,
                pre: Optional[Tensor] = None, h: Optional[Tensor] = None, bwd: int = FWD) -> _Plan:
@@ -676,7 +726,7 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
     gated = w2 is not None
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     consts = dict(
-        GATED=gated, ACTIVATION=activation_id, HAS_B1=has_b1, HAS_B2=has_b2,
+        GATED=gated, ACTIVATION=_kernel_activation(activation_id, out), HAS_B1=has_b1, HAS_B2=has_b2,
         STORE_PRE=bwd == FWD and pre is not None, BWD=bwd, STORE_H=bwd != FWD and h is not None,
         SUBTILE=bwd != FWD and cfg.block_n >= 32 and _env_flag("FUSED_MLP_BWD_SUBTILE"),
         # (not with PERSISTENT: tiles held across the flattened loop spill, 1.4-2.1 KB of
@@ -884,6 +934,7 @@ def _planned(x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool, b1: Option
                    None if pre is None else (pre.stride(), pre.data_ptr() % 16),
                    None if h is None else (h.stride(), h.data_ptr() % 16),
                    os.environ.get("FUSED_MLP_TMA"), os.environ.get("FUSED_MLP_AUTOTUNE"),
+                   os.environ.get("FUSED_MLP_FAST_TANH"),
                    os.environ.get("FUSED_MLP_BWD_SUBTILE") if bwd != FWD else None,
                    torch.backends.cuda.matmul.allow_tf32 if dt == torch.float32 else None)
             plan = _PLANS.get(key)
