@@ -1046,8 +1046,8 @@ def test_recompute_chunk_setting_is_checked(fused_mlp, monkeypatch, value):
 @pytest.mark.gpu
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh", "quick_gelu"])
 def test_gpu_fast_tanh(gpu, monkeypatch, act):
-    """FUSED_MLP_FAST_TANH=1 (experimental): the training forward and the dh kernel's
-    derivative through tanh.approx.f32; bf16 gradients as close to float64 as the default
+    """The default tanh.approx forms against FUSED_MLP_FAST_TANH=0: the training forward and
+    the dh kernel's derivative through tanh.approx.f32; bf16 gradients as close to float64 as the default
     forms' (and different from them: the fast kernels ran)."""
     d, h, o = ODD
     t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=7)
@@ -1100,17 +1100,21 @@ def test_aot_fast_tanh_forms(fused_mlp):
         pytest.skip(f"cannot compile for CUDA here: {e}")
 
 
-def test_fast_tanh_is_opt_in_and_16_bit_only(fused_mlp, monkeypatch):
-    """The launch's ACTIVATION constant: the fast form only with FUSED_MLP_FAST_TANH=1, for
-    16-bit outputs, for the sigmoid-based activations, and never under the interpreter."""
+def test_fast_tanh_is_default_for_16_bit_only(fused_mlp, monkeypatch):
+    """The launch's ACTIVATION constant: the fast form by default for 16-bit outputs and the
+    sigmoid-based activations, the exact form with FUSED_MLP_FAST_TANH=0, for fp32, for erf
+    GELU, and always under the interpreter."""
     tg = module(fused_mlp, "triton_gemm")
     ids = fused_mlp.activations.ACTIVATION_IDS
     out16, out32 = torch.empty(2, 2, dtype=torch.bfloat16), torch.empty(2, 2)
+    monkeypatch.setattr(tg, "INTERPRETED", False)
     monkeypatch.delenv("FUSED_MLP_FAST_TANH", raising=False)
+    assert tg._kernel_activation(ids["silu"], out16) == ids["silu"] + tg._FAST
+    assert tg._kernel_activation(ids["quick_gelu"], out16) == ids["quick_gelu"] + tg._FAST
+    monkeypatch.setenv("FUSED_MLP_FAST_TANH", "0")
     assert tg._kernel_activation(ids["silu"], out16) == ids["silu"]
     monkeypatch.setenv("FUSED_MLP_FAST_TANH", "1")
-    want = ids["silu"] if tg.INTERPRETED else ids["silu"] + tg._FAST
-    assert tg._kernel_activation(ids["silu"], out16) == want
+    assert tg._kernel_activation(ids["gelu_tanh"], out16) == ids["gelu_tanh"] + tg._FAST
     assert tg._kernel_activation(ids["silu"], out32) == ids["silu"]
     assert tg._kernel_activation(ids["gelu"], out16) == ids["gelu"]  # erf GELU has no tanh form
     monkeypatch.setattr(tg, "INTERPRETED", True)

@@ -855,8 +855,8 @@ def test_dispatch_counts_the_span_of_strided_views(fused_mlp):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh", "quick_gelu"])
 def test_gpu_fast_tanh(gpu, monkeypatch, dtype, act):
-    """FUSED_MLP_FAST_TANH=1 (experimental): the sigmoid-based activations through one
-    tanh.approx.f32. The forward must really change (a different kernel ran) and stay as
+    """The default tanh.approx forms against FUSED_MLP_FAST_TANH=0: the sigmoid-based
+    activations through one tanh.approx.f32. The forward must really change (a different kernel ran) and stay as
     close to float64 as the default forms, within a 16-bit output's rounding."""
     monkeypatch.setenv("FUSED_MLP_CUBLASLT", "0")  # the plain MLP's gelu_tanh on our kernel
     d, h, o = ODD

@@ -62,8 +62,9 @@ PERSISTENT_NARROW = False
 ONLY_CONFIGS: list = []
 # --gated-bias: the gated forward with gate and up biases (the cuBLAS references stay bias-free)
 GATED_BIAS = False
-# --fast-tanh: every variant also with FUSED_MLP_FAST_TANH=1 (the activation through tanh.approx)
-FAST_TANH = ("0",)
+# --fast-tanh: every variant also with FUSED_MLP_FAST_TANH=0 (the exact activation forms); without
+# it, the package's default (the tanh.approx forms for 16-bit outputs)
+FAST_TANH = ("1",)
 
 
 def variants_of(tg, cands: list, extra: bool = True, few_tokens: bool = False) -> list:
@@ -227,7 +228,7 @@ def main() -> None:
     args = ap.parse_args()
     global PERSISTENT_NARROW, GATED_BIAS, FAST_TANH
     GATED_BIAS = args.gated_bias
-    FAST_TANH = ("0", "1") if args.fast_tanh else ("0",)
+    FAST_TANH = ("0", "1") if args.fast_tanh else ("1",)
     PERSISTENT_NARROW = args.persistent_narrow
     for spec in filter(None, args.configs.split(";")):
         try:
