@@ -151,17 +151,33 @@ def nvcc_version(nvcc: Path) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def cuda_archs(build: dict, nvcc_ver: tuple[int, int], override: str | None) -> list[str]:
+def _arch_key(a: str) -> float:
+    return float(a.rstrip("a"))
+
+
+def table_archs(table: dict, nvcc_ver: tuple[int, int], override: str | None) -> list[str]:
+    """CUDA capabilities one kernel table is compiled for. Tables that list
+    architecture-specific capabilities ("9.0a": wgmma, setmaxnreg) get exactly those, and
+    with --archs only those whose base capability is named; the others get --archs, or
+    their own list plus NEWER_ARCHS on CUDA >= 12.8."""
+    caps = list(dict.fromkeys(table.get("cuda-capabilities", [])))
+    specific = any(a.endswith("a") for a in caps)
     if override:
-        return [a.strip() for a in override.split(",") if a.strip()]
+        wanted = [a.strip() for a in override.split(",") if a.strip()]
+        if specific:
+            return sorted((a for a in caps if a.rstrip("a") in wanted), key=_arch_key)
+        return sorted(wanted, key=_arch_key)
+    if not specific and nvcc_ver >= (12, 8):
+        caps += [a for a in NEWER_ARCHS if a not in caps]
+    return sorted(caps, key=_arch_key)
+
+
+def cuda_archs(build: dict, nvcc_ver: tuple[int, int], override: str | None) -> list[str]:
+    """Every capability of the build (the metadata's list)."""
     archs: list[str] = []
     for k in kernel_tables(build, "cuda"):
-        for a in k.get("cuda-capabilities", []):
-            if a not in archs:
-                archs.append(a)
-    if nvcc_ver >= (12, 8):
-        archs += [a for a in NEWER_ARCHS if a not in archs]
-    return sorted(archs, key=float)
+        archs += [a for a in table_archs(k, nvcc_ver, override) if a not in archs]
+    return sorted(archs, key=_arch_key)
 
 
 def gencode_flags(archs: list[str]) -> list[str]:
@@ -169,9 +185,12 @@ def gencode_flags(archs: list[str]) -> list[str]:
     for a in archs:
         num = a.replace(".", "")
         flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-    # PTX of the newest architecture, so newer GPUs can JIT it.
-    newest = archs[-1].replace(".", "")
-    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
+    # PTX of the newest portable architecture, so newer GPUs can JIT it (architecture-
+    # specific code such as sm_90a has no PTX that runs elsewhere).
+    portable = [a for a in archs if not a.endswith("a")]
+    if portable:
+        newest = portable[-1].replace(".", "")
+        flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
     return flags
 
 
@@ -192,7 +211,7 @@ def compile_so(
     compiled: list[Path],
     work: Path,
     out_so: Path,
-    archs: list[str],
+    archs: dict[Path, list[str]],
     jobs: int,
     verbose: bool,
 ) -> None:
@@ -234,7 +253,7 @@ def compile_so(
                 str(nvcc), "-c", str(src), "-o", str(obj), "-O3", "-std=c++20",
                 "--expt-relaxed-constexpr", "-lineinfo",
                 f"-ccbin={cxx}", "-Xcompiler", "-fPIC", f"--threads={nvcc_threads}",
-                *gencode_flags(archs), *defines, *inc_flags,
+                *gencode_flags(archs[src]), *defines, *inc_flags,
             ]
         else:
             cmd = [cxx, "-c", str(src), "-o", str(obj), *cxx_flags, *defines, *inc_flags]
@@ -316,6 +335,18 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
         if nv[0] != tv[0]:
             raise SystemExit(f"[build] nvcc {nv} and torch's CUDA {tv} differ in major version")
         archs = cuda_archs(conf, nv, archs_override)
+        per_file = {}
+        for k in kernel_tables(conf, backend):
+            ka = table_archs(k, nv, archs_override)
+            for src in k["src"]:
+                per_file[ROOT / src] = ka
+        # A table left with no capability (an sm_90a kernel under --archs 8.0) is not built;
+        # its ops are registered from its own sources, so the package just lacks them.
+        skipped = {f for f, a in per_file.items() if not a and f.suffix == ".cu"}
+        if skipped:
+            log("not built (no capability left): " + ", ".join(str(f.relative_to(ROOT)) for f in sorted(skipped)))
+        files = [f for f in files if f not in skipped]
+        compiled = [f for f in compiled if f not in skipped]
 
     name = general["name"]
     variant = variant_name(backend)
@@ -337,7 +368,7 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
     so = dst / f"{ext_name}.abi3.so"
     compile_so(
         build=conf, backend=backend, ext_name=ext_name, compiled=compiled, work=work,
-        out_so=so, archs=archs, jobs=jobs, verbose=verbose,
+        out_so=so, archs=per_file if backend == "cuda" else {}, jobs=jobs, verbose=verbose,
     )
     copy_package(dst)
     (dst / "_ops.py").write_text(OPS_PY.format(ext=ext_name))

@@ -76,6 +76,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import sm90 as _sm90
 from .activations import ACTIVATION_IDS
 
 Tensor = torch.Tensor
@@ -997,6 +998,9 @@ def gated_linear(
     if M == 0 or N == 0:
         return out
 
+    if config is None and not INTERPRETED and _sm90.usable(x, gate_weight, up_weight, gate_bias, up_bias, out, pre):
+        # Hopper: the warp-specialized CUDA kernel (its epilogue overlaps the next tile's MMAs)
+        return _sm90.gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
     if config is None:
         _planned(x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre,
                  mode="fwd" if pre is None else "fwd_save")

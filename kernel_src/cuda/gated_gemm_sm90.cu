@@ -1,0 +1,575 @@
+// Gated gate/up GEMM for Hopper (sm_90a), warp-specialized:
+//
+//   h[m, n] = act(x[m] . gate_weight[n] + bg[n]) * (x[m] . up_weight[n] + bu[n])
+//   (and, for training, pre[m, :N] = g, pre[m, N:] = u)
+//
+// Why a CUDA kernel beside the Triton one: at d768 the Triton kernel (one 128 x 128
+// gate + up tile per program, no warp specialization on sm_90 in Triton 3.6) runs each
+// tile's epilogue after its last MMA with nothing to overlap it, ~10% of a tile
+// (benchmarks/NOTES.md, sessions 7 and 8). Here the epilogue runs in a warp group of its
+// own while the MMA warp groups already compute the next tile.
+//
+// One persistent CTA per SM, 512 threads in four warp groups:
+//   WG0  producer: one thread issues the TMA loads of x [128 x 64], Wg [128 x 64] and
+//        Wu [128 x 64] per K step into a ring of kStages stages (128-byte swizzle).
+//   WG1, WG2  MMA: each owns 64 rows of the 128-row tile and keeps two fp32
+//        accumulators (gate and up, 64 x 128 each: 128 registers per thread), filled by
+//        wgmma m64n128k16 straight from shared memory. After the last K step they round
+//        g and u to the input dtype and write them into a staging tile in shared memory
+//        (stmatrix), then go on with the next tile.
+//   WG3  epilogue: reads g and u of the staged tile row by row, adds the biases, applies
+//        act(g) * u in fp32 and stores h (16-byte stores along rows), plus g | u when
+//        training. It overlaps the MMA warp groups' next tile.
+// g and u are rounded to the input dtype before the activation, as eager PyTorch,
+// torch.compile and Liger round them (their GEMMs write g and u in that dtype).
+//
+// Synchronization is by mbarriers: full/empty per ring stage (TMA transaction counts),
+// staged/free for the staging tile. Registers move between the groups with setmaxnreg
+// (producer 40, epilogue 88, MMA 192 per thread).
+//
+// Requirements (checked on the host, anything else takes the Triton path): sm_90,
+// bf16 or fp16, x / weights / out / pre with unit column stride, row strides and base
+// addresses 16-byte aligned, N a multiple of 8. M, N and K need not be multiples of the
+// tile: the TMA loads fill out-of-range rows and columns with zeros and the epilogue
+// masks its stores.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+#include "activations.h"
+#include "registration.h"
+
+namespace fused_mlp {
+namespace sm90 {
+
+constexpr int kBM = 128;  // rows of x per tile (two MMA warp groups of 64)
+constexpr int kBN = 128;  // columns of h per tile (gate and up: 128 weight rows each)
+constexpr int kBK = 64;   // K per stage: 64 x 2 bytes = one 128-byte swizzle row
+constexpr int kStages = 3;
+constexpr int kThreads = 512;
+constexpr int kGroupM = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
+constexpr int kTileBytes = kBM * kBK * 2;                // 16 KB: x, Wg or Wu per stage
+constexpr int kStageBytes = 3 * kTileBytes;              // 48 KB
+constexpr int kStgStride = kBN + 8;                      // staging row: 272 bytes (no bank conflicts)
+constexpr int kStgBytes = kBM * kStgStride * 2;          // 34 KB per staged matrix
+constexpr int kBarOffset = kStages * kStageBytes + 2 * kStgBytes;
+constexpr int kSmemBytes = kBarOffset + 64 + 1024;       // + barriers + alignment slack
+
+struct Params {
+  void* out;
+  void* pre;            // nullptr, or [M, 2N]: g | u
+  const void* bg;       // nullptr or [N]
+  const void* bu;
+  int64_t ldo;
+  int64_t ldp;
+  int M, N, K;
+  int tiles_m, tiles_n;
+};
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FUSED_MLP_SM90_DEVICE 1
+#endif
+
+#if defined(FUSED_MLP_SM90_DEVICE)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int k, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout the
+// TMA wrote: rows of 128 bytes, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t smem_desc(const void* tile) {
+  const uint64_t addr = smem_addr(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs.
+__device__ __forceinline__ void fence_regs(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_f16(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    wgmma_bf16(d, da, db, accumulate);
+  } else {
+    wgmma_f16(d, da, db, accumulate);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+  } else {
+    return __half22float2(*reinterpret_cast<__half2*>(&v));
+  }
+}
+
+__device__ __forceinline__ float tanh_approx(float v) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(v));
+  return y;
+}
+
+// The sigmoid-based activations through one tanh.approx (sigmoid(v) = (1 + tanh(v/2)) / 2),
+// as the Triton kernels compute them for 16-bit outputs; the others as activations.h.
+template <Activation A>
+__device__ __forceinline__ float epilogue_act(float v) {
+  if constexpr (A == Activation::kSilu) {
+    const float hv = 0.5f * v;
+    return hv + hv * tanh_approx(hv);
+  } else if constexpr (A == Activation::kGeluTanh) {
+    const float hv = 0.5f * v;
+    return hv + hv * tanh_approx(0.7978845608028654f * (v + 0.044715f * v * v * v));
+  } else if constexpr (A == Activation::kQuickGelu) {
+    const float hv = 0.5f * v;
+    return hv + hv * tanh_approx(0.851f * v);
+  } else {
+    return activate<A>(v);
+  }
+}
+
+__device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int& n0) {
+  const int per_group = kGroupM * p.tiles_n;
+  const int first_m = (t / per_group) * kGroupM;
+  const int rows = min(p.tiles_m - first_m, kGroupM);
+  const int r = t % per_group;
+  m0 = (first_m + r % rows) * kBM;
+  n0 = (r / rows) * kBN;
+}
+
+template <typename T, Activation A>
+__global__ void __launch_bounds__(kThreads, 1)
+    gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
+                      const __grid_constant__ CUtensorMap map_u, const Params p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  T* stg_g = reinterpret_cast<T*>(smem + kStages * kStageBytes);
+  T* stg_u = stg_g + kBM * kStgStride;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
+  uint64_t* empty = full + kStages;
+  uint64_t* staged = empty + kStages;
+  uint64_t* freed = staged + 1;
+
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], 2);  // one arrival per MMA warp group
+    }
+    bar_init(staged, 256);     // every MMA thread
+    bar_init(freed, 128);      // every epilogue thread
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int tiles = p.tiles_m * p.tiles_n;
+  const int ksteps = (p.K + kBK - 1) / kBK;
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
+      uint32_t c = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        tile_coords(t, p, m0, n0);
+        for (int kb = 0; kb < ksteps; ++kb, ++c) {
+          const int s = c % kStages;
+          bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
+          bar_expect_tx(&full[s], kStageBytes);
+          uint8_t* st = smem + s * kStageBytes;
+          tma_load(st, &map_x, &full[s], kb * kBK, m0);
+          tma_load(st + kTileBytes, &map_g, &full[s], kb * kBK, n0);
+          tma_load(st + 2 * kTileBytes, &map_u, &full[s], kb * kBK, n0);
+        }
+      }
+    }
+  } else if (wg <= 2) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
+    const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
+    const int warp = tid / 32, lane = tid % 32;
+    float acc_g[64], acc_u[64];
+    uint32_t c = 0, it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+      for (int kb = 0; kb < ksteps; ++kb, ++c) {
+        const int s = c % kStages;
+        bar_wait(&full[s], (c / kStages) & 1);
+        const uint8_t* st = smem + s * kStageBytes;
+        const uint64_t da = smem_desc(st + half * (kTileBytes / 2));
+        const uint64_t dg = smem_desc(st + kTileBytes);
+        const uint64_t du = smem_desc(st + 2 * kTileBytes);
+        fence_regs(acc_g);
+        fence_regs(acc_u);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // 16 K elements = 32 bytes further along the swizzled rows: +2 in the address field.
+          const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
+          mma<T>(acc_g, da + 2 * kk, dg + 2 * kk, accumulate);
+          mma<T>(acc_u, da + 2 * kk, du + 2 * kk, accumulate);
+        }
+        wgmma_commit();
+        fence_regs(acc_g);
+        fence_regs(acc_u);
+        wgmma_wait<1>();
+        if (kb > 0 && tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
+      }
+      wgmma_wait<0>();
+      fence_regs(acc_g);
+      fence_regs(acc_u);
+      if (tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
+
+      // Hand g and u to the epilogue group through the staging tile.
+      bar_wait(freed, (it & 1) ^ 1);
+      const int q = lane / 8;
+      const int row = half * 64 + warp * 16 + (q & 1) * 8 + lane % 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = (2 * j + (q >> 1)) * 8;
+        const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
+        const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(ag),
+                     "r"(pack2<T>(acc_g[8 * j + 0], acc_g[8 * j + 1])),
+                     "r"(pack2<T>(acc_g[8 * j + 2], acc_g[8 * j + 3])),
+                     "r"(pack2<T>(acc_g[8 * j + 4], acc_g[8 * j + 5])),
+                     "r"(pack2<T>(acc_g[8 * j + 6], acc_g[8 * j + 7]))
+                     : "memory");
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(au),
+                     "r"(pack2<T>(acc_u[8 * j + 0], acc_u[8 * j + 1])),
+                     "r"(pack2<T>(acc_u[8 * j + 2], acc_u[8 * j + 3])),
+                     "r"(pack2<T>(acc_u[8 * j + 4], acc_u[8 * j + 5])),
+                     "r"(pack2<T>(acc_u[8 * j + 6], acc_u[8 * j + 7]))
+                     : "memory");
+      }
+      bar_arrive(staged);
+    }
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
+    // Thread tid covers columns [8 * (tid % 16), + 8) of rows tid / 16 + 8 i.
+    const int chunk = tid % 16, row0 = tid / 16;
+    const T* bg = static_cast<const T*>(p.bg);
+    const T* bu = static_cast<const T*>(p.bu);
+    uint32_t it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+      int m0, n0;
+      tile_coords(t, p, m0, n0);
+      const int col = n0 + chunk * 8;
+      const bool col_ok = col < p.N;
+      float bias_g[8], bias_u[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) bias_g[i] = bias_u[i] = 0.0f;
+      if (col_ok && bg != nullptr) {
+        const uint4 v = *reinterpret_cast<const uint4*>(bg + col);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = unpack2<T>(w[i]);
+          bias_g[2 * i] = f.x;
+          bias_g[2 * i + 1] = f.y;
+        }
+      }
+      if (col_ok && bu != nullptr) {
+        const uint4 v = *reinterpret_cast<const uint4*>(bu + col);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = unpack2<T>(w[i]);
+          bias_u[2 * i] = f.x;
+          bias_u[2 * i + 1] = f.y;
+        }
+      }
+      bar_wait(staged, it & 1);
+#pragma unroll 4
+      for (int i = 0; i < kBM / 8; ++i) {
+        const int r = row0 + 8 * i;
+        const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
+        const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
+        const int m = m0 + r;
+        if (!col_ok || m >= p.M) continue;
+        const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+        const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
+        uint32_t hw[4], gpw[4], upw[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 g = unpack2<T>(gw[k]);
+          const float2 u = unpack2<T>(uw[k]);
+          const float g0 = g.x + bias_g[2 * k], g1 = g.y + bias_g[2 * k + 1];
+          const float u0 = u.x + bias_u[2 * k], u1 = u.y + bias_u[2 * k + 1];
+          hw[k] = pack2<T>(epilogue_act<A>(g0) * u0, epilogue_act<A>(g1) * u1);
+          gpw[k] = pack2<T>(g0, g1);
+          upw[k] = pack2<T>(u0, u1);
+        }
+        T* out = static_cast<T*>(p.out) + m * p.ldo + col;
+        *reinterpret_cast<uint4*>(out) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+        if (p.pre != nullptr) {
+          T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
+          *reinterpret_cast<uint4*>(pre) = make_uint4(gpw[0], gpw[1], gpw[2], gpw[3]);
+          *reinterpret_cast<uint4*>(pre + p.N) = make_uint4(upw[0], upw[1], upw[2], upw[3]);
+        }
+      }
+      bar_arrive(freed);
+    }
+  }
+}
+
+#else  // not compiled for sm_90a: the host never launches it (gated_gemm_sm90 refuses first)
+
+template <typename T, Activation A>
+__global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
+                                  const __grid_constant__ CUtensorMap, const Params) {}
+
+#endif
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
+    FUSED_MLP_CHECK(status == cudaDriverEntryPointSuccess && ptr != nullptr,
+                    "fused_mlp: the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12.0 or newer is needed)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// A [rows, K] row-major operand as 128-row x 64-column boxes with the 128-byte swizzle.
+CUtensorMap operand_map(const at::Tensor& t, const char* name) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)), static_cast<cuuint64_t>(t.size(0))};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.stride(0)) * 2};
+  const cuuint32_t box[2] = {kBK, kBM};
+  const cuuint32_t elem[2] = {1, 1};
+  const auto dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode_fn()(&map, dtype, 2, t.data_ptr(), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FUSED_MLP_CHECK(r == CUDA_SUCCESS, "fused_mlp: gated_gemm_sm90 could not describe ", name,
+                  " for the TMA (cuTensorMapEncodeTiled error ", static_cast<int>(r), ")");
+  return map;
+}
+
+void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  FUSED_MLP_CHECK(t.device() == x.device(), "fused_mlp: ", name, " is on ", t.device(), " but x is on ", x.device());
+  FUSED_MLP_CHECK(t.scalar_type() == x.scalar_type(), "fused_mlp: ", name, " has dtype ", t.scalar_type(),
+                  " but x has ", x.scalar_type());
+  FUSED_MLP_CHECK(t.dim() == 2 && t.stride(1) == 1, "fused_mlp: gated_gemm_sm90 needs ", name,
+                  " 2-D with unit column stride, got shape ", t.sizes(), " strides ", t.strides());
+  FUSED_MLP_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
+                  "fused_mlp: gated_gemm_sm90 needs ", name, "'s rows 16-byte aligned, got row stride ", t.stride(0));
+}
+
+void check_bias(const c10::optional<at::Tensor>& b, const char* name, const at::Tensor& x, int64_t n) {
+  if (!b.has_value()) return;
+  FUSED_MLP_CHECK(b->device() == x.device() && b->scalar_type() == x.scalar_type(), "fused_mlp: ", name,
+                  " must be on x's device with x's dtype, got ", b->device(), " ", b->scalar_type());
+  FUSED_MLP_CHECK(b->dim() == 1 && b->size(0) == n && b->stride(0) == 1, "fused_mlp: ", name,
+                  " must be a contiguous [", n, "] vector, got shape ", b->sizes());
+  FUSED_MLP_CHECK(reinterpret_cast<uintptr_t>(b->data_ptr()) % 16 == 0, "fused_mlp: ", name,
+                  " must be 16-byte aligned for gated_gemm_sm90");
+}
+
+int sm_count(int device) {
+  static int counts[64] = {0};
+  if (device < 64 && counts[device] > 0) return counts[device];
+  int n = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  if (device < 64) counts[device] = n;
+  return n;
+}
+
+template <typename T, Activation A>
+void launch(const at::Tensor& x, const at::Tensor& wg, const at::Tensor& wu, const Params& p, cudaStream_t stream,
+            int device) {
+  auto kernel = gated_gemm_kernel<T, A>;
+  static bool smem_set[64] = {};  // per device; setting it twice in a race is harmless
+  if (device >= 64 || !smem_set[device]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    if (device < 64) smem_set[device] = true;
+  }
+  const CUtensorMap mx = operand_map(x, "x"), mg = operand_map(wg, "gate_weight"), mu = operand_map(wu, "up_weight");
+  const int tiles = p.tiles_m * p.tiles_n;
+  const int grid = std::min(tiles, sm_count(device));
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mx, mg, mu, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
+                     const c10::optional<at::Tensor>& gate_bias, const c10::optional<at::Tensor>& up_bias,
+                     const c10::optional<at::Tensor>& pre, int64_t activation) {
+  FUSED_MLP_CHECK(activation >= 0 && activation < kNumActivations, "fused_mlp: activation id ", activation,
+                  " is not one of 0..", kNumActivations - 1);
+  FUSED_MLP_CHECK(x.is_cuda(), "fused_mlp: gated_gemm_sm90 needs x on a CUDA device, got ", x.device());
+  FUSED_MLP_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+                  "fused_mlp: gated_gemm_sm90 takes bfloat16 or float16, got x of dtype ", x.scalar_type());
+  check_rows(x, "x", x);
+  check_rows(gate_weight, "gate_weight", x);
+  check_rows(up_weight, "up_weight", x);
+  check_rows(out, "out", x);
+  const int64_t M = x.size(0), K = x.size(1), N = gate_weight.size(0);
+  FUSED_MLP_CHECK(gate_weight.size(1) == K && up_weight.size(0) == N && up_weight.size(1) == K,
+                  "fused_mlp: gate_weight ", gate_weight.sizes(), " and up_weight ", up_weight.sizes(),
+                  " must both be [N, ", K, "]");
+  FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
+                  out.sizes());
+  FUSED_MLP_CHECK(N % 8 == 0, "fused_mlp: gated_gemm_sm90 needs N (the hidden size) a multiple of 8, got ", N);
+  FUSED_MLP_CHECK(M < (int64_t(1) << 31) && N < (int64_t(1) << 30) && K < (int64_t(1) << 31),
+                  "fused_mlp: gated_gemm_sm90 shapes must fit 32-bit indices");
+  check_bias(gate_bias, "gate_bias", x, N);
+  check_bias(up_bias, "up_bias", x, N);
+  if (pre.has_value()) {
+    check_rows(*pre, "pre", x);
+    FUSED_MLP_CHECK(pre->size(0) == M && pre->size(1) == 2 * N, "fused_mlp: pre must be [", M, ", ", 2 * N,
+                    "], got ", pre->sizes());
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int device = x.get_device();
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  FUSED_MLP_CHECK(major == 9 && minor == 0, "fused_mlp: gated_gemm_sm90 runs on sm_90 GPUs only, this one is sm_",
+                  major * 10 + minor);
+  if (M == 0 || N == 0) return;
+
+  Params p;
+  p.out = out.data_ptr();
+  p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
+  p.bg = gate_bias.has_value() ? gate_bias->data_ptr() : nullptr;
+  p.bu = up_bias.has_value() ? up_bias->data_ptr() : nullptr;
+  p.ldo = out.stride(0);
+  p.ldp = pre.has_value() ? pre->stride(0) : 0;
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
+  p.tiles_n = static_cast<int>((N + kBN - 1) / kBN);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+  FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
+    if (x.scalar_type() == at::kBFloat16) {
+      launch<__nv_bfloat16, kAct>(x, gate_weight, up_weight, p, stream, device);
+    } else {
+      launch<__half, kAct>(x, gate_weight, up_weight, p, stream, device);
+    }
+  });
+}
+
+}  // namespace sm90
+}  // namespace fused_mlp
+
+// Registered from this file so that builds without sm_90a (this file not compiled) simply
+// lack the op; the Python dispatcher checks for it.
+#define FUSED_MLP_LIBRARY_FRAGMENT(NAME, MODULE) TORCH_LIBRARY_FRAGMENT(NAME, MODULE)
+FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
+  ops.def(
+      "gated_gemm_sm90(Tensor! out, Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? gate_bias, "
+      "Tensor? up_bias, Tensor(a!)? pre, int activation) -> ()");
+  ops.impl("gated_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::gated_gemm_sm90);
+}

@@ -1,0 +1,66 @@
+"""The warp-specialized gate/up GEMM for Hopper (kernel_src/cuda/gated_gemm_sm90.cu).
+
+    gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
+        out = act(x Wg^T + bg) * (x Wu^T + bu); pre (optional, [M, 2N]) = g | u
+
+Builds include it only for sm_90a (build.toml's `fused_mlp_sm90` kernel); triton_gemm's
+gated forward calls it instead of its Triton kernel wherever `usable` says yes, and
+FUSED_MLP_SM90=0 turns it off. The kernel takes bf16 / fp16 tensors with unit column
+stride and 16-byte aligned rows and N a multiple of 8; everything else (fp32, odd
+strides or offsets, other GPUs, builds without it) stays on the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+
+from ._ops import add_op_namespace_prefix, ops
+from .act_and_mul import has_compiled_kernel
+
+Tensor = torch.Tensor
+
+_OP = "gated_gemm_sm90"
+_DTYPES = (torch.bfloat16, torch.float16)
+
+if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_OP)):
+    # The op only writes out (and pre): nothing to compute for fake tensors.
+    torch.library.register_fake(add_op_namespace_prefix(_OP))(
+        lambda out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation: None
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _device_ok(index: int) -> bool:
+    """This build has the kernel and GPU `index` is sm_90 (H100 / H200)."""
+    return (has_compiled_kernel(_OP, torch.device("cuda"))
+            and torch.cuda.get_device_capability(index) == (9, 0))
+
+
+def _rows_ok(t: Tensor) -> bool:
+    return t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
+
+
+def _bias_ok(b: Optional[Tensor]) -> bool:
+    return b is None or (b.stride(0) == 1 and b.data_ptr() % 16 == 0)
+
+
+def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
+           up_bias: Optional[Tensor], out: Tensor, pre: Optional[Tensor]) -> bool:
+    """Whether gate_up takes these 2-D tensors (else the caller keeps its Triton kernel)."""
+    if x.dtype not in _DTYPES or not x.is_cuda or os.environ.get("FUSED_MLP_SM90", "1") == "0":
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if not _device_ok(index) or gate_weight.shape[0] % 8:
+        return False
+    return (all(_rows_ok(t) for t in (x, gate_weight, up_weight, out))
+            and (pre is None or _rows_ok(pre)) and _bias_ok(gate_bias) and _bias_ok(up_bias))
+
+
+def gate_up(out: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
+            up_bias: Optional[Tensor], pre: Optional[Tensor], activation_id: int) -> Tensor:
+    ops.gated_gemm_sm90(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
+    return out
