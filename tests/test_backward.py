@@ -1049,6 +1049,7 @@ def test_gpu_fast_tanh(gpu, monkeypatch, act):
     """The default tanh.approx forms against FUSED_MLP_FAST_TANH=0: the training forward and
     the dh kernel's derivative through tanh.approx.f32; bf16 gradients as close to float64 as the default
     forms' (and different from them: the fast kernels ran)."""
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")  # the training forward on the Triton kernel too
     d, h, o = ODD
     t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=7)
     ref = ref_grads_gated(gpu, t, act)

@@ -529,6 +529,7 @@ def test_gpu_every_config(fused_mlp, dtype, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_autotune_caches_a_config(fused_mlp, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")  # the Triton tuner's test: keep the gated GEMM on Triton
     tg = triton_gemm_module(fused_mlp)
     t = make_gated(300, 256, 512, 128, torch.bfloat16, "cuda", False)
     out = run_gated(fused_mlp, t, "silu")
@@ -547,6 +548,7 @@ def test_gpu_launch_plans(fused_mlp, monkeypatch):
     """A repeated shape reuses its launch plan, and every property the plan depends on
     (alignment of x, the TMA switch, the activation) gets a plan of its own: all right."""
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")  # plans are the Triton kernels' 
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
     tg = triton_gemm_module(fused_mlp)
     t = make_gated(200, 256, 512, 128, torch.bfloat16, "cuda", True)
@@ -859,6 +861,7 @@ def test_gpu_fast_tanh(gpu, monkeypatch, dtype, act):
     activations through one tanh.approx.f32. The forward must really change (a different kernel ran) and stay as
     close to float64 as the default forms, within a 16-bit output's rounding."""
     monkeypatch.setenv("FUSED_MLP_CUBLASLT", "0")  # the plain MLP's gelu_tanh on our kernel
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")  # the gated GEMM on the Triton kernel
     d, h, o = ODD
     t = make_gated(777, d, h, o, dtype, "cuda", True, seed=5)
     p = make_plain(777, d, h, o, dtype, "cuda", True, "linear", seed=6)
@@ -873,3 +876,109 @@ def test_gpu_fast_tanh(gpu, monkeypatch, dtype, act):
         for out, base, ref, what in ((out_g, base_g, ref_g, "gated"), (out_p, base_p, ref_p, "mlp")):
             check(out, ref, TOL[dtype], f"{what} {act} fast")
             assert rel_err(out, ref) <= 1.5 * rel_err(base, ref) + 1e-4, f"{what} {act}: fast form less accurate"
+
+
+# ----------------------------------------------------------------------------- sm_90a gate/up kernel
+
+
+def sm90_module(fm):
+    return importlib.import_module(fm.__name__ + ".sm90")
+
+
+def need_sm90(fm):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a gate/up kernel runs on sm_90 GPUs only")
+    has = importlib.import_module(fm.__name__ + ".act_and_mul").has_compiled_kernel
+    if not has("gated_gemm_sm90", torch.device("cuda")):
+        pytest.skip("this build has no sm_90a kernel")
+
+
+SM90_SHAPES = [(1, 64, 8), (3, 200, 136), (777, 520, 1000), (300, 1000, 264)]  # (M, K, N)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
+def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
+    """The op against float64 on fresh inputs: awkward shapes (M = 1, sizes that are not
+    tile multiples), with and without biases and the training store of g | u, outputs
+    poisoned first."""
+    need_sm90(fused_mlp)
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    fn = fused_mlp.activations.torch_activation(act)
+    for i, (m, k, n) in enumerate(SM90_SHAPES):
+        for bias, train in ((False, False), (True, False), (False, True), (True, True)):
+            gen = torch.Generator().manual_seed(100 * i + 2 * bias + train)
+            x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
+            wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
+            bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
+                      else (None, None))
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            pre = torch.full((m, 2 * n), float("nan"), dtype=dtype, device="cuda") if train else None
+            fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids[act])
+            g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
+            u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+            what = f"M={m} K={k} N={n} {act} bias={bias} train={train}"
+            check(out.cpu(), (fn(g) * u).cpu(), TOL[dtype], what)
+            if train:
+                check(pre.cpu(), torch.cat([g, u], 1).cpu(), TOL[dtype], what + " g | u")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_is_dispatched_with_fallbacks(fused_mlp, monkeypatch):
+    """On sm_90 the gated forward (inference and training) runs the sm_90a kernel; hidden
+    sizes that are not multiples of 8, fp32, a misaligned x and FUSED_MLP_SM90=0 take the
+    Triton kernel. Every one is right."""
+    need_sm90(fused_mlp)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    sm90 = sm90_module(fused_mlp)
+    calls = []
+    real = sm90.gate_up
+    monkeypatch.setattr(sm90, "gate_up", lambda *a: calls.append(a[1].shape) or real(*a))
+    d, h, o = ODD
+    t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=21)
+    check(run_gated(fused_mlp, t, "gelu_tanh").cpu(), ref_gated(fused_mlp, t, "gelu_tanh"), TOL[torch.bfloat16], "sm90")
+    assert calls == [(777, d)]
+    x = t["x"].detach().clone().requires_grad_(True)
+    run_gated(fused_mlp, {**t, "x": x}, "gelu_tanh").sum().backward()  # the training forward stores g | u
+    assert len(calls) == 2 and x.grad is not None and torch.isfinite(x.grad).all()
+
+    buf = torch.empty(777 * d + 1, dtype=torch.bfloat16, device="cuda")
+    misaligned = buf[1:].view(777, d)
+    misaligned.copy_(t["x"])
+    cases = {
+        "hidden 340": make_gated(777, d, 340, o, torch.bfloat16, "cuda", True, seed=22),
+        "fp32": make_gated(777, d, h, o, torch.float32, "cuda", True, seed=23),
+        "misaligned x": {**t, "x": misaligned},
+    }
+    for what, tc in cases.items():
+        calls.clear()
+        check(run_gated(fused_mlp, tc, "silu").cpu(), ref_gated(fused_mlp, tc, "silu"), _gpu_tol(tc["x"].dtype), what)
+        assert calls == [], what
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")
+    check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "off")
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_rejects_bad_input(fused_mlp):
+    """The op's own checks name the argument (the dispatcher never sends these)."""
+    need_sm90(fused_mlp)
+    op = fused_mlp.ops.gated_gemm_sm90
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x, w, out = torch.randn(64, 64, **bf), torch.randn(64, 64, **bf), torch.empty(64, 64, **bf)
+    with pytest.raises(RuntimeError, match="dtype"):
+        op(out.float(), x.float(), w.float(), w.float(), None, None, None, 1)
+    with pytest.raises(RuntimeError, match="out must be"):
+        op(torch.empty(64, 32, **bf), x, w, w, None, None, None, 1)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        op(torch.empty(64, 16, **bf)[:, :12], x, w[:12], w[:12], None, None, None, 1)
+    with pytest.raises(RuntimeError, match="gate_bias"):
+        op(out, x, w, w, torch.zeros(63, **bf), None, None, 1)
+    with pytest.raises(RuntimeError, match="activation id"):
+        op(out, x, w, w, None, None, None, 99)
+    with pytest.raises(RuntimeError, match="x's rows"):
+        op(out, torch.empty(64 * 64 + 1, **bf)[1:].view(64, 64), w, w, None, None, None, 1)
+    with pytest.raises(RuntimeError, match="pre must be"):
+        op(out, x, w, w, None, None, torch.empty(64, 64, **bf), 1)

@@ -79,3 +79,37 @@ def test_built_variant_is_what_the_loader_expects(fused_mlp):
     refs = snapshot.parent.parent / "refs" / "v1"
     assert refs.read_text().strip() == snapshot.name
     assert set(fused_mlp.__all__) >= {"gated_mlp", "gated_mlp_packed", "mlp", "silu_and_mul", "layers", "mapping"}
+
+
+def test_capabilities_per_kernel_table():
+    """The sm_90a table is built for exactly 9.0a (no PTX: architecture-specific code runs
+    nowhere else), kept by --archs 9.0 and left out by --archs 8.0; the other tables get
+    --archs as given, or their list plus the newer architectures."""
+    conf = tomllib.loads((ROOT / "build.toml").read_text())
+    sm90 = conf["kernel"]["fused_mlp_sm90"]
+    portable = conf["kernel"]["fused_mlp_cuda"]
+    assert build_variant.table_archs(sm90, (13, 0), None) == ["9.0a"]
+    assert build_variant.table_archs(sm90, (13, 0), "8.0,9.0") == ["9.0a"]
+    assert build_variant.table_archs(sm90, (13, 0), "8.0") == []
+    assert build_variant.table_archs(portable, (13, 0), "9.0") == ["9.0"]
+    assert build_variant.table_archs(portable, (13, 0), None) == ["8.0", "8.9", "9.0", "10.0", "12.0"]
+    assert build_variant.table_archs(portable, (12, 6), None) == ["8.0", "8.9", "9.0"]
+    assert build_variant.cuda_archs(conf, (13, 0), "9.0") == ["9.0", "9.0a"]
+    assert build_variant.gencode_flags(["9.0a"]) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    flags = build_variant.gencode_flags(["8.0", "9.0", "9.0a"])
+    assert flags[-1] == "-gencode=arch=compute_90,code=compute_90"
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags
+
+
+def test_sm90_kernel_is_not_used_off_the_gpu(fused_mlp, monkeypatch):
+    """sm90.usable says no for CPU tensors and for fp32, and FUSED_MLP_SM90=0 is honoured
+    before anything touches the device (the GPU tests cover the yes side)."""
+    import importlib
+
+    sm90 = importlib.import_module(fused_mlp.__name__ + ".sm90")
+    x, w, out = torch.zeros(16, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16), \
+        torch.zeros(16, 64, dtype=torch.bfloat16)
+    assert not sm90.usable(x, w, w, None, None, out, None)
+    assert not sm90.usable(x.float(), w.float(), w.float(), None, None, out.float(), None)
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")
+    assert not sm90.usable(x, w, w, None, None, out, None)
