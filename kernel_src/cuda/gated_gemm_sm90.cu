@@ -14,12 +14,12 @@
 //        Wu [128 x 64] per K step into a ring of kStages stages (128-byte swizzle).
 //   WG1, WG2  MMA: each owns 64 rows of the 128-row tile and keeps two fp32
 //        accumulators (gate and up, 64 x 128 each: 128 registers per thread), filled by
-//        wgmma m64n128k16 straight from shared memory. After the last K step they round
-//        g and u to the input dtype and write them into a staging tile in shared memory
-//        (stmatrix), then go on with the next tile.
-//   WG3  epilogue: reads g and u of the staged tile row by row, adds the biases, applies
-//        act(g) * u in fp32 and stores h (16-byte stores along rows), plus g | u when
-//        training. It overlaps the MMA warp groups' next tile.
+//        wgmma m64n128k16 straight from shared memory. After the last K step they add the
+//        biases, round g and u to the input dtype and write them into a staging tile in
+//        shared memory (stmatrix), then go on with the next tile.
+//   WG3  epilogue: reads g and u of the staged tile row by row, applies act(g) * u in
+//        fp32 and stores h (16-byte stores along rows), plus g | u when training. It
+//        overlaps the MMA warp groups' next tile.
 // g and u are rounded to the input dtype before the activation, as eager PyTorch,
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
 //
@@ -297,8 +297,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
     const int warp = tid / 32, lane = tid % 32;
     float acc_g[64], acc_u[64];
+    const T* bg = static_cast<const T*>(p.bg);
+    const T* bu = static_cast<const T*>(p.bu);
     uint32_t c = 0, it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+      // The biases of this thread's accumulator columns (8 j + 2 (lane % 4) + {0, 1} of
+      // n8 block j), loaded now so the loads' latency hides behind the K loop; added to
+      // the fp32 accumulators before g and u are rounded once, as cuBLAS's bias epilogue.
+      int m0, n0;
+      tile_coords(t, p, m0, n0);
+      uint32_t bias_g[16], bias_u[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = n0 + 8 * j + 2 * (lane % 4);
+        const bool in = col < p.N;  // N is a multiple of 8: col + 1 is in too
+        bias_g[j] = (in && bg != nullptr) ? *reinterpret_cast<const uint32_t*>(bg + col) : 0u;
+        bias_u[j] = (in && bu != nullptr) ? *reinterpret_cast<const uint32_t*>(bu + col) : 0u;
+      }
       for (int kb = 0; kb < ksteps; ++kb, ++c) {
         const int s = c % kStages;
         bar_wait(&full[s], (c / kStages) & 1);
@@ -336,17 +351,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int col = (2 * j + (q >> 1)) * 8;
         const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
         const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
+        // n8 blocks 2j (accumulators 8j .. 8j+3) and 2j+1 (8j+4 .. 8j+7)
+        const float2 g0 = unpack2<T>(bias_g[2 * j]), g1 = unpack2<T>(bias_g[2 * j + 1]);
+        const float2 u0 = unpack2<T>(bias_u[2 * j]), u1 = unpack2<T>(bias_u[2 * j + 1]);
         asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(ag),
-                     "r"(pack2<T>(acc_g[8 * j + 0], acc_g[8 * j + 1])),
-                     "r"(pack2<T>(acc_g[8 * j + 2], acc_g[8 * j + 3])),
-                     "r"(pack2<T>(acc_g[8 * j + 4], acc_g[8 * j + 5])),
-                     "r"(pack2<T>(acc_g[8 * j + 6], acc_g[8 * j + 7]))
+                     "r"(pack2<T>(acc_g[8 * j + 0] + g0.x, acc_g[8 * j + 1] + g0.y)),
+                     "r"(pack2<T>(acc_g[8 * j + 2] + g0.x, acc_g[8 * j + 3] + g0.y)),
+                     "r"(pack2<T>(acc_g[8 * j + 4] + g1.x, acc_g[8 * j + 5] + g1.y)),
+                     "r"(pack2<T>(acc_g[8 * j + 6] + g1.x, acc_g[8 * j + 7] + g1.y))
                      : "memory");
         asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(au),
-                     "r"(pack2<T>(acc_u[8 * j + 0], acc_u[8 * j + 1])),
-                     "r"(pack2<T>(acc_u[8 * j + 2], acc_u[8 * j + 3])),
-                     "r"(pack2<T>(acc_u[8 * j + 4], acc_u[8 * j + 5])),
-                     "r"(pack2<T>(acc_u[8 * j + 6], acc_u[8 * j + 7]))
+                     "r"(pack2<T>(acc_u[8 * j + 0] + u0.x, acc_u[8 * j + 1] + u0.y)),
+                     "r"(pack2<T>(acc_u[8 * j + 2] + u0.x, acc_u[8 * j + 3] + u0.y)),
+                     "r"(pack2<T>(acc_u[8 * j + 4] + u1.x, acc_u[8 * j + 5] + u1.y)),
+                     "r"(pack2<T>(acc_u[8 * j + 6] + u1.x, acc_u[8 * j + 7] + u1.y))
                      : "memory");
       }
       bar_arrive(staged);
@@ -355,37 +373,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
     // Thread tid covers columns [8 * (tid % 16), + 8) of rows tid / 16 + 8 i.
     const int chunk = tid % 16, row0 = tid / 16;
-    const T* bg = static_cast<const T*>(p.bg);
-    const T* bu = static_cast<const T*>(p.bu);
     uint32_t it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
       int m0, n0;
       tile_coords(t, p, m0, n0);
       const int col = n0 + chunk * 8;
       const bool col_ok = col < p.N;
-      float bias_g[8], bias_u[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) bias_g[i] = bias_u[i] = 0.0f;
-      if (col_ok && bg != nullptr) {
-        const uint4 v = *reinterpret_cast<const uint4*>(bg + col);
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = unpack2<T>(w[i]);
-          bias_g[2 * i] = f.x;
-          bias_g[2 * i + 1] = f.y;
-        }
-      }
-      if (col_ok && bu != nullptr) {
-        const uint4 v = *reinterpret_cast<const uint4*>(bu + col);
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = unpack2<T>(w[i]);
-          bias_u[2 * i] = f.x;
-          bias_u[2 * i + 1] = f.y;
-        }
-      }
       bar_wait(staged, it & 1);
 #pragma unroll 4
       for (int i = 0; i < kBM / 8; ++i) {
@@ -396,23 +389,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (!col_ok || m >= p.M) continue;
         const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
         const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
-        uint32_t hw[4], gpw[4], upw[4];
+        uint32_t hw[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const float2 g = unpack2<T>(gw[k]);
           const float2 u = unpack2<T>(uw[k]);
-          const float g0 = g.x + bias_g[2 * k], g1 = g.y + bias_g[2 * k + 1];
-          const float u0 = u.x + bias_u[2 * k], u1 = u.y + bias_u[2 * k + 1];
-          hw[k] = pack2<T>(epilogue_act<A>(g0) * u0, epilogue_act<A>(g1) * u1);
-          gpw[k] = pack2<T>(g0, g1);
-          upw[k] = pack2<T>(u0, u1);
+          hw[k] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
         }
         T* out = static_cast<T*>(p.out) + m * p.ldo + col;
         *reinterpret_cast<uint4*>(out) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-        if (p.pre != nullptr) {
+        if (p.pre != nullptr) {  // g | u as staged (biases included)
           T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
-          *reinterpret_cast<uint4*>(pre) = make_uint4(gpw[0], gpw[1], gpw[2], gpw[3]);
-          *reinterpret_cast<uint4*>(pre + p.N) = make_uint4(upw[0], upw[1], upw[2], upw[3]);
+          *reinterpret_cast<uint4*>(pre) = gv;
+          *reinterpret_cast<uint4*>(pre + p.N) = uv;
         }
       }
       bar_arrive(freed);
