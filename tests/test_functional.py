@@ -901,13 +901,14 @@ SM90_SHAPES = [(1, 64, 8), (3, 200, 136), (777, 520, 1000), (300, 1000, 264)]  #
 @pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
 def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
     """The op against float64 on fresh inputs: awkward shapes (M = 1, sizes that are not
-    tile multiples), with and without biases and the training store of g | u, outputs
-    poisoned first."""
+    tile multiples), with and without biases and the training store of g | u, both tile
+    widths (block_n 112 and 128; 0 lets the op choose), outputs poisoned first."""
     need_sm90(fused_mlp)
     ids = fused_mlp.activations.ACTIVATION_IDS
     fn = fused_mlp.activations.torch_activation(act)
     for i, (m, k, n) in enumerate(SM90_SHAPES):
-        for bias, train in ((False, False), (True, False), (False, True), (True, True)):
+        for bias, train, block_n in ((False, False, 0), (True, False, 112), (True, False, 128),
+                                     (False, True, 128), (True, True, 112)):
             gen = torch.Generator().manual_seed(100 * i + 2 * bias + train)
             x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
             wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
@@ -915,10 +916,10 @@ def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
                       else (None, None))
             out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
             pre = torch.full((m, 2 * n), float("nan"), dtype=dtype, device="cuda") if train else None
-            fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids[act])
+            fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids[act], block_n)
             g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
             u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
-            what = f"M={m} K={k} N={n} {act} bias={bias} train={train}"
+            what = f"M={m} K={k} N={n} {act} bias={bias} train={train} block_n={block_n}"
             check(out.cpu(), (fn(g) * u).cpu(), TOL[dtype], what)
             if train:
                 check(pre.cpu(), torch.cat([g, u], 1).cpu(), TOL[dtype], what + " g | u")
@@ -982,3 +983,5 @@ def test_gpu_sm90_rejects_bad_input(fused_mlp):
         op(out, torch.empty(64 * 64 + 1, **bf)[1:].view(64, 64), w, w, None, None, None, 1)
     with pytest.raises(RuntimeError, match="pre must be"):
         op(out, x, w, w, None, None, torch.empty(64, 64, **bf), 1)
+    with pytest.raises(RuntimeError, match="block_n"):
+        op(out, x, w, w, None, None, None, 1, 64)

@@ -9,8 +9,9 @@
    store of g | u; outputs poisoned with NaN first; error against float64 printed beside the
    Triton kernel's on the same inputs. A failure is reported and makes the exit status 1.
 2. Timing (triton.testing.do_bench median, L2 flushed): the benchmark cases' gate/up GEMM
-   as the sm90 op, the Triton kernel (the tuner's pick) and cuBLAS's x @ [Wg; Wu] (the
-   same FLOPs without the epilogue), inference and training (storing g | u).
+   as the sm90 op (its own tile width, and 128 / 112 forced), the Triton kernel (the
+   tuner's pick) and cuBLAS's x @ [Wg; Wu] (the same FLOPs without the epilogue), inference
+   and training (storing g | u).
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def main() -> int:
             "cublas_x_wgu": median_us(lambda: torch.mm(x, wgu.t())),
             "triton_infer": median_us(lambda: tg.gated_linear(x, wg, wu, None, None, aid, out=out)),
             "sm90_infer": median_us(lambda: ops.gated_gemm_sm90(out, x, wg, wu, None, None, None, aid)),
+            "sm90_infer_bn128": median_us(lambda: ops.gated_gemm_sm90(out, x, wg, wu, None, None, None, aid, 128)),
+            "sm90_infer_bn112": median_us(lambda: ops.gated_gemm_sm90(out, x, wg, wu, None, None, None, aid, 112)),
             "triton_train": median_us(lambda: tg.gated_linear(x, wg, wu, None, None, aid, pre=pre, out=out)),
             "sm90_train": median_us(lambda: ops.gated_gemm_sm90(out, x, wg, wu, None, None, pre, aid)),
         }

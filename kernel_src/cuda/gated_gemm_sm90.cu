@@ -10,11 +10,12 @@
 // own while the MMA warp groups already compute the next tile.
 //
 // One persistent CTA per SM, 512 threads in four warp groups:
-//   WG0  producer: one thread issues the TMA loads of x [128 x 64], Wg [128 x 64] and
-//        Wu [128 x 64] per K step into a ring of kStages stages (128-byte swizzle).
-//   WG1, WG2  MMA: each owns 64 rows of the 128-row tile and keeps two fp32
-//        accumulators (gate and up, 64 x 128 each: 128 registers per thread), filled by
-//        wgmma m64n128k16 straight from shared memory. After the last K step they add the
+//   WG0  producer: one thread issues the TMA loads of x [128 x 64], Wg [BN x 64] and
+//        Wu [BN x 64] per K step into a ring of kStages stages (128-byte swizzle).
+//   WG1, WG2  MMA: each owns 64 rows of the 128 x BN tile and keeps two fp32
+//        accumulators (gate and up, 64 x BN each: BN registers per thread), filled by
+//        wgmma m64nBNk16 straight from shared memory. BN is 128, or 112 where that
+//        fills the SMs better (pick_block_n). After the last K step they add the
 //        biases, round g and u to the input dtype and write them into a staging tile in
 //        shared memory (stmatrix), then go on with the next tile.
 //   WG3  epilogue: reads g and u of the staged tile row by row, applies act(g) * u in
@@ -53,17 +54,24 @@ namespace fused_mlp {
 namespace sm90 {
 
 constexpr int kBM = 128;  // rows of x per tile (two MMA warp groups of 64)
-constexpr int kBN = 128;  // columns of h per tile (gate and up: 128 weight rows each)
 constexpr int kBK = 64;   // K per stage: 64 x 2 bytes = one 128-byte swizzle row
 constexpr int kStages = 3;
 constexpr int kThreads = 512;
 constexpr int kGroupM = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
-constexpr int kTileBytes = kBM * kBK * 2;                // 16 KB: x, Wg or Wu per stage
-constexpr int kStageBytes = 3 * kTileBytes;              // 48 KB
-constexpr int kStgStride = kBN + 8;                      // staging row: 272 bytes (no bank conflicts)
-constexpr int kStgBytes = kBM * kStgStride * 2;          // 34 KB per staged matrix
-constexpr int kBarOffset = kStages * kStageBytes + 2 * kStgBytes;
-constexpr int kSmemBytes = kBarOffset + 64 + 1024;       // + barriers + alignment slack
+constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
+
+// Shared memory of a tile BN columns of h wide (BN = 128, or 112 where 128-column tiles
+// leave SMs idle: see pick_block_n).
+template <int BN>
+struct Layout {
+  static constexpr int kTileBytesW = BN * kBK * 2;                  // Wg or Wu per stage
+  static constexpr int kStageBytes = kTileBytesX + 2 * kTileBytesW;  // 48 KB / 44 KB
+  static constexpr int kStgStride = BN + 8;   // staging row: 272 / 240 bytes, no bank conflicts
+  static constexpr int kStgBytes = kBM * kStgStride * 2;
+  static constexpr int kBarOffset = kStages * kStageBytes + 2 * kStgBytes;
+  static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + barriers + alignment slack
+  static_assert(kTileBytesW % 1024 == 0, "swizzled tiles must stay 1024-byte aligned");
+};
 
 struct Params {
   void* out;
@@ -134,12 +142,13 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs.
-__device__ __forceinline__ void fence_regs(float (&d)[64]) {
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-__device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
+__device__ __forceinline__ void wgmma_n128_bf16(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -158,8 +167,7 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t da, uint64_t
       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(accumulate));
 }
-
-__device__ __forceinline__ void wgmma_f16(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
+__device__ __forceinline__ void wgmma_n128_f16(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -178,14 +186,52 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[64], uint64_t da, uint64_t 
       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(accumulate));
 }
+__device__ __forceinline__ void wgmma_n112_bf16(float (&d)[56], uint64_t da, uint64_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %58, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, "
+      "%56, %57, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+__device__ __forceinline__ void wgmma_n112_f16(float (&d)[56], uint64_t da, uint64_t db, uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %58, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, "
+      "%56, %57, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
 
-
-template <typename T>
-__device__ __forceinline__ void mma(float (&d)[64], uint64_t da, uint64_t db, uint32_t accumulate) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    wgmma_bf16(d, da, db, accumulate);
+// wgmma m64nBNk16, fp32 accumulators, A and B K-major in shared memory.
+template <typename T, int BN>
+__device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t accumulate) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (BN == 128) {
+    if constexpr (kBf16) wgmma_n128_bf16(d, da, db, accumulate); else wgmma_n128_f16(d, da, db, accumulate);
   } else {
-    wgmma_f16(d, da, db, accumulate);
+    static_assert(BN == 112, "tile widths: 128 or 112");
+    if constexpr (kBf16) wgmma_n112_bf16(d, da, db, accumulate); else wgmma_n112_f16(d, da, db, accumulate);
   }
 }
 
@@ -233,24 +279,27 @@ __device__ __forceinline__ float epilogue_act(float v) {
   }
 }
 
+template <int BN>
 __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int& n0) {
   const int per_group = kGroupM * p.tiles_n;
   const int first_m = (t / per_group) * kGroupM;
   const int rows = min(p.tiles_m - first_m, kGroupM);
   const int r = t % per_group;
   m0 = (first_m + r % rows) * kBM;
-  n0 = (r / rows) * kBN;
+  n0 = (r / rows) * BN;
 }
 
-template <typename T, Activation A>
+template <typename T, Activation A, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
+  using L = Layout<BN>;
+  constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kStages * kStageBytes);
   T* stg_u = stg_g + kBM * kStgStride;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
   uint64_t* empty = full + kStages;
   uint64_t* staged = empty + kStages;
   uint64_t* freed = staged + 1;
@@ -280,15 +329,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t c = 0;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int m0, n0;
-        tile_coords(t, p, m0, n0);
+        tile_coords<BN>(t, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kStages;
           bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
           bar_expect_tx(&full[s], kStageBytes);
           uint8_t* st = smem + s * kStageBytes;
           tma_load(st, &map_x, &full[s], kb * kBK, m0);
-          tma_load(st + kTileBytes, &map_g, &full[s], kb * kBK, n0);
-          tma_load(st + 2 * kTileBytes, &map_u, &full[s], kb * kBK, n0);
+          tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0);
+          tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, n0);
         }
       }
     }
@@ -296,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
     const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
     const int warp = tid / 32, lane = tid % 32;
-    float acc_g[64], acc_u[64];
+    float acc_g[BN / 2], acc_u[BN / 2];
     const T* bg = static_cast<const T*>(p.bg);
     const T* bu = static_cast<const T*>(p.bu);
     uint32_t c = 0, it = 0;
@@ -305,10 +354,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // n8 block j), loaded now so the loads' latency hides behind the K loop; added to
       // the fp32 accumulators before g and u are rounded once, as cuBLAS's bias epilogue.
       int m0, n0;
-      tile_coords(t, p, m0, n0);
-      uint32_t bias_g[16], bias_u[16];
+      tile_coords<BN>(t, p, m0, n0);
+      uint32_t bias_g[BN / 8], bias_u[BN / 8];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + 8 * j + 2 * (lane % 4);
         const bool in = col < p.N;  // N is a multiple of 8: col + 1 is in too
         bias_g[j] = (in && bg != nullptr) ? *reinterpret_cast<const uint32_t*>(bg + col) : 0u;
@@ -318,9 +367,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = c % kStages;
         bar_wait(&full[s], (c / kStages) & 1);
         const uint8_t* st = smem + s * kStageBytes;
-        const uint64_t da = smem_desc(st + half * (kTileBytes / 2));
-        const uint64_t dg = smem_desc(st + kTileBytes);
-        const uint64_t du = smem_desc(st + 2 * kTileBytes);
+        const uint64_t da = smem_desc(st + half * (kTileBytesX / 2));
+        const uint64_t dg = smem_desc(st + kTileBytesX);
+        const uint64_t du = smem_desc(st + kTileBytesX + L::kTileBytesW);
         fence_regs(acc_g);
         fence_regs(acc_u);
         wgmma_fence();
@@ -328,8 +377,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < kBK / 16; ++kk) {
           // 16 K elements = 32 bytes further along the swizzled rows: +2 in the address field.
           const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
-          mma<T>(acc_g, da + 2 * kk, dg + 2 * kk, accumulate);
-          mma<T>(acc_u, da + 2 * kk, du + 2 * kk, accumulate);
+          mma<T, BN>(acc_g, da + 2 * kk, dg + 2 * kk, accumulate);
+          mma<T, BN>(acc_u, da + 2 * kk, du + 2 * kk, accumulate);
         }
         wgmma_commit();
         fence_regs(acc_g);
@@ -347,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int q = lane / 8;
       const int row = half * 64 + warp * 16 + (q & 1) * 8 + lane % 8;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < BN / 16; ++j) {
         const int col = (2 * j + (q >> 1)) * 8;
         const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
         const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
@@ -371,22 +420,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
-    // Thread tid covers columns [8 * (tid % 16), + 8) of rows tid / 16 + 8 i.
-    const int chunk = tid % 16, row0 = tid / 16;
+    // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
+    // chunks per row): consecutive threads store consecutive 16 bytes of a row.
+    constexpr int kChunks = BN / 8;
     uint32_t it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
       int m0, n0;
-      tile_coords(t, p, m0, n0);
-      const int col = n0 + chunk * 8;
-      const bool col_ok = col < p.N;
+      tile_coords<BN>(t, p, m0, n0);
       bar_wait(staged, it & 1);
-#pragma unroll 4
-      for (int i = 0; i < kBM / 8; ++i) {
-        const int r = row0 + 8 * i;
+#pragma unroll 2
+      for (int i = 0; i < kChunks; ++i) {
+        const int e = tid + 128 * i;
+        const int r = e / kChunks, chunk = e % kChunks;
+        const int col = n0 + chunk * 8;
         const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
         const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
         const int m = m0 + r;
-        if (!col_ok || m >= p.M) continue;
+        if (col >= p.N || m >= p.M) continue;
         const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
         const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
         uint32_t hw[4];
@@ -411,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 #else  // not compiled for sm_90a: the host never launches it (gated_gemm_sm90 refuses first)
 
-template <typename T, Activation A>
+template <typename T, Activation A, int BN>
 __global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                   const __grid_constant__ CUtensorMap, const Params) {}
 
@@ -430,12 +480,12 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A [rows, K] row-major operand as 128-row x 64-column boxes with the 128-byte swizzle.
-CUtensorMap operand_map(const at::Tensor& t, const char* name) {
+// A [rows, K] row-major operand as box_rows x 64-column boxes with the 128-byte swizzle.
+CUtensorMap operand_map(const at::Tensor& t, int box_rows, const char* name) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)), static_cast<cuuint64_t>(t.size(0))};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.stride(0)) * 2};
-  const cuuint32_t box[2] = {kBK, kBM};
+  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
   const auto dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode_fn()(&map, dtype, 2, t.data_ptr(), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -475,27 +525,42 @@ int sm_count(int device) {
   return n;
 }
 
-template <typename T, Activation A>
-void launch(const at::Tensor& x, const at::Tensor& wg, const at::Tensor& wu, const Params& p, cudaStream_t stream,
+// Tile width: 112 columns where that needs fewer rounds of the persistent loop for the
+// same work, else 128 (cost ~ rounds x width; 128 on ties).
+int pick_block_n(int64_t M, int64_t N, int sms) {
+  const auto cost = [&](int64_t bn) {
+    const int64_t tiles = ((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
+    return ((tiles + sms - 1) / sms) * bn;
+  };
+  return cost(112) < cost(128) ? 112 : 128;
+}
+
+template <typename T, Activation A, int BN>
+void launch(const at::Tensor& x, const at::Tensor& wg, const at::Tensor& wu, Params p, cudaStream_t stream,
             int device) {
-  auto kernel = gated_gemm_kernel<T, A>;
+  auto kernel = gated_gemm_kernel<T, A, BN>;
+  constexpr int kSmem = Layout<BN>::kSmemBytes;
   static bool smem_set[64] = {};  // per device; setting it twice in a race is harmless
   if (device >= 64 || !smem_set[device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     if (device < 64) smem_set[device] = true;
   }
-  const CUtensorMap mx = operand_map(x, "x"), mg = operand_map(wg, "gate_weight"), mu = operand_map(wu, "up_weight");
+  const CUtensorMap mx = operand_map(x, kBM, "x"), mg = operand_map(wg, BN, "gate_weight"),
+                    mu = operand_map(wu, BN, "up_weight");
+  p.tiles_n = (p.N + BN - 1) / BN;
   const int tiles = p.tiles_m * p.tiles_n;
   const int grid = std::min(tiles, sm_count(device));
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(mx, mg, mu, p);
+  kernel<<<grid, kThreads, kSmem, stream>>>(mx, mg, mu, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
                      const c10::optional<at::Tensor>& gate_bias, const c10::optional<at::Tensor>& up_bias,
-                     const c10::optional<at::Tensor>& pre, int64_t activation) {
+                     const c10::optional<at::Tensor>& pre, int64_t activation, int64_t block_n) {
   FUSED_MLP_CHECK(activation >= 0 && activation < kNumActivations, "fused_mlp: activation id ", activation,
                   " is not one of 0..", kNumActivations - 1);
+  FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128,
+                  "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
   FUSED_MLP_CHECK(x.is_cuda(), "fused_mlp: gated_gemm_sm90 needs x on a CUDA device, got ", x.device());
   FUSED_MLP_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
                   "fused_mlp: gated_gemm_sm90 takes bfloat16 or float16, got x of dtype ", x.scalar_type());
@@ -539,13 +604,15 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
-  p.tiles_n = static_cast<int>((N + kBN - 1) / kBN);
+  const int bn = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sm_count(device));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (x.scalar_type() == at::kBFloat16) {
-      launch<__nv_bfloat16, kAct>(x, gate_weight, up_weight, p, stream, device);
+      if (bn == 112) launch<__nv_bfloat16, kAct, 112>(x, gate_weight, up_weight, p, stream, device);
+      else launch<__nv_bfloat16, kAct, 128>(x, gate_weight, up_weight, p, stream, device);
     } else {
-      launch<__half, kAct>(x, gate_weight, up_weight, p, stream, device);
+      if (bn == 112) launch<__half, kAct, 112>(x, gate_weight, up_weight, p, stream, device);
+      else launch<__half, kAct, 128>(x, gate_weight, up_weight, p, stream, device);
     }
   });
 }
@@ -559,6 +626,6 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
 FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "gated_gemm_sm90(Tensor! out, Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? gate_bias, "
-      "Tensor? up_bias, Tensor(a!)? pre, int activation) -> ()");
+      "Tensor? up_bias, Tensor(a!)? pre, int activation, int block_n=0) -> ()");
   ops.impl("gated_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::gated_gemm_sm90);
 }

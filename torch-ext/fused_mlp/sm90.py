@@ -29,7 +29,7 @@ _DTYPES = (torch.bfloat16, torch.float16)
 if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_OP)):
     # The op only writes out (and pre): nothing to compute for fake tensors.
     torch.library.register_fake(add_op_namespace_prefix(_OP))(
-        lambda out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation: None
+        lambda out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation, block_n=0: None
     )
 
 
