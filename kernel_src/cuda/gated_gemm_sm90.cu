@@ -209,6 +209,21 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
   }
 }
 
+// Accumulators 8j .. 8j+7 (n8 blocks 2j and 2j+1 of the wgmma layout) plus their columns'
+// biases (bias0 / bias1: the thread's bf16 / fp16 pair in each block), rounded and stored
+// as four 8 x 8 matrices of the staging tile; addr is this lane's row of its matrix.
+template <typename T, int N>
+__device__ __forceinline__ void stage_pair(uint32_t addr, const float (&acc)[N], int j, uint32_t bias0,
+                                           uint32_t bias1) {
+  const float2 b0 = unpack2<T>(bias0), b1 = unpack2<T>(bias1);
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(pack2<T>(acc[8 * j + 0] + b0.x, acc[8 * j + 1] + b0.y)),
+               "r"(pack2<T>(acc[8 * j + 2] + b0.x, acc[8 * j + 3] + b0.y)),
+               "r"(pack2<T>(acc[8 * j + 4] + b1.x, acc[8 * j + 5] + b1.y)),
+               "r"(pack2<T>(acc[8 * j + 6] + b1.x, acc[8 * j + 7] + b1.y))
+               : "memory");
+}
+
 __device__ __forceinline__ float tanh_approx(float v) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(v));
@@ -354,21 +369,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int col = (2 * j + (q >> 1)) * 8;
         const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
         const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
-        // n8 blocks 2j (accumulators 8j .. 8j+3) and 2j+1 (8j+4 .. 8j+7)
-        const float2 g0 = unpack2<T>(bias_g[2 * j]), g1 = unpack2<T>(bias_g[2 * j + 1]);
-        const float2 u0 = unpack2<T>(bias_u[2 * j]), u1 = unpack2<T>(bias_u[2 * j + 1]);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(ag),
-                     "r"(pack2<T>(acc_g[8 * j + 0] + g0.x, acc_g[8 * j + 1] + g0.y)),
-                     "r"(pack2<T>(acc_g[8 * j + 2] + g0.x, acc_g[8 * j + 3] + g0.y)),
-                     "r"(pack2<T>(acc_g[8 * j + 4] + g1.x, acc_g[8 * j + 5] + g1.y)),
-                     "r"(pack2<T>(acc_g[8 * j + 6] + g1.x, acc_g[8 * j + 7] + g1.y))
-                     : "memory");
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(au),
-                     "r"(pack2<T>(acc_u[8 * j + 0] + u0.x, acc_u[8 * j + 1] + u0.y)),
-                     "r"(pack2<T>(acc_u[8 * j + 2] + u0.x, acc_u[8 * j + 3] + u0.y)),
-                     "r"(pack2<T>(acc_u[8 * j + 4] + u1.x, acc_u[8 * j + 5] + u1.y)),
-                     "r"(pack2<T>(acc_u[8 * j + 6] + u1.x, acc_u[8 * j + 7] + u1.y))
-                     : "memory");
+        stage_pair<T>(ag, acc_g, j, bias_g[2 * j], bias_g[2 * j + 1]);
+        stage_pair<T>(au, acc_u, j, bias_u[2 * j], bias_u[2 * j + 1]);
       }
       bar_arrive(staged);
     }
