@@ -957,6 +957,13 @@ def test_gpu_sm90_is_dispatched_with_fallbacks(fused_mlp, monkeypatch):
         calls.clear()
         check(run_gated(fused_mlp, tc, "silu").cpu(), ref_gated(fused_mlp, tc, "silu"), _gpu_tol(tc["x"].dtype), what)
         assert calls == [], what
+    monkeypatch.setenv("FUSED_MLP_FAST_TANH", "0")  # exact silu: the Triton kernel has it
+    check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "exact")
+    assert calls == []
+    check(run_gated(fused_mlp, t, "relu").cpu(), ref_gated(fused_mlp, t, "relu"), TOL[torch.bfloat16], "relu")
+    assert len(calls) == 1  # relu has no tanh form: still the sm_90a kernel
+    calls.clear()
+    monkeypatch.delenv("FUSED_MLP_FAST_TANH")
     monkeypatch.setenv("FUSED_MLP_SM90", "0")
     check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "off")
     assert calls == []

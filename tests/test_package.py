@@ -109,7 +109,7 @@ def test_sm90_kernel_is_not_used_off_the_gpu(fused_mlp, monkeypatch):
     sm90 = importlib.import_module(fused_mlp.__name__ + ".sm90")
     x, w, out = torch.zeros(16, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16), \
         torch.zeros(16, 64, dtype=torch.bfloat16)
-    assert not sm90.usable(x, w, w, None, None, out, None)
-    assert not sm90.usable(x.float(), w.float(), w.float(), None, None, out.float(), None)
+    assert not sm90.usable(x, w, w, None, None, out, None, 1)
+    assert not sm90.usable(x.float(), w.float(), w.float(), None, None, out.float(), None, 1)
     monkeypatch.setenv("FUSED_MLP_SM90", "0")
-    assert not sm90.usable(x, w, w, None, None, out, None)
+    assert not sm90.usable(x, w, w, None, None, out, None, 1)

@@ -5,7 +5,8 @@
 
 Builds include it only for sm_90a (build.toml's `fused_mlp_sm90` kernel); triton_gemm's
 gated forward calls it instead of its Triton kernel wherever `usable` says yes, and
-FUSED_MLP_SM90=0 turns it off. The kernel takes bf16 / fp16 tensors with unit column
+FUSED_MLP_SM90=0 turns it off (and FUSED_MLP_FAST_TANH=0, for the activations it computes
+through tanh.approx). The kernel takes bf16 / fp16 tensors with unit column
 stride and 16-byte aligned rows and N a multiple of 8; everything else (fp32, odd
 strides or offsets, other GPUs, builds without it) stays on the Triton kernel.
 """
@@ -20,6 +21,7 @@ import torch
 
 from ._ops import add_op_namespace_prefix, ops
 from .act_and_mul import has_compiled_kernel
+from .activations import ACTIVATION_IDS
 
 Tensor = torch.Tensor
 
@@ -48,10 +50,18 @@ def _bias_ok(b: Optional[Tensor]) -> bool:
     return b is None or (b.stride(0) == 1 and b.data_ptr() % 16 == 0)
 
 
+# The kernel computes these through one tanh.approx per element (as the Triton kernels do
+# for 16-bit outputs by default); FUSED_MLP_FAST_TANH=0 asks for the exact forms, which the
+# Triton kernels have.
+_FAST_FORMS = {ACTIVATION_IDS[a] for a in ("silu", "gelu_tanh", "quick_gelu")}
+
+
 def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
-           up_bias: Optional[Tensor], out: Tensor, pre: Optional[Tensor]) -> bool:
+           up_bias: Optional[Tensor], out: Tensor, pre: Optional[Tensor], activation_id: int) -> bool:
     """Whether gate_up takes these 2-D tensors (else the caller keeps its Triton kernel)."""
     if x.dtype not in _DTYPES or not x.is_cuda or os.environ.get("FUSED_MLP_SM90", "1") == "0":
+        return False
+    if activation_id in _FAST_FORMS and os.environ.get("FUSED_MLP_FAST_TANH", "1") == "0":
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if not _device_ok(index) or gate_weight.shape[0] % 8:

@@ -998,7 +998,8 @@ def gated_linear(
     if M == 0 or N == 0:
         return out
 
-    if config is None and not INTERPRETED and _sm90.usable(x, gate_weight, up_weight, gate_bias, up_bias, out, pre):
+    if (config is None and not INTERPRETED
+            and _sm90.usable(x, gate_weight, up_weight, gate_bias, up_bias, out, pre, activation_id)):
         # Hopper: the warp-specialized CUDA kernel (its epilogue overlaps the next tile's MMAs)
         return _sm90.gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
     if config is None:
