@@ -39,14 +39,11 @@ TIME_CASES = {
 }
 
 
-def reference(x, wg, wu, bg, bu, act):
-    from torch.nn import functional as F
-
-    fns = {"silu": F.silu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), "gelu": F.gelu,
-           "relu": F.relu, "relu2": lambda v: F.relu(v) ** 2, "quick_gelu": lambda v: v * torch.sigmoid(1.702 * v)}
+def reference(fm, x, wg, wu, bg, bu, act):
+    """(act(g) * u, g, u) in float64, with the package's plain-PyTorch activation."""
     g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
     u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
-    return fns[act](g) * u, g, u
+    return fm.activations.torch_activation(act)(g) * u, g, u
 
 
 def main() -> int:
@@ -80,7 +77,7 @@ def main() -> int:
                             out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
                             pre = torch.full((m, 2 * n), float("nan"), device="cuda", dtype=dtype) if train else None
                             ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids[act])
-                            want, g, u = reference(x, wg, wu, bg, bu, act)
+                            want, g, u = reference(fm, x, wg, wu, bg, bu, act)
                             tri = tg.gated_linear(x, wg, wu, bg, bu, ids[act])
                             e, e_tri = rel_err(out, want), rel_err(tri, want)
                             e_pre = rel_err(pre, torch.cat([g, u], 1)) if train else 0.0
