@@ -48,7 +48,6 @@
 #include <cstdint>
 
 #include "activations.h"
-#include "registration.h"
 
 namespace fused_mlp {
 namespace sm90 {
