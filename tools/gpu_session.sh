@@ -4,10 +4,10 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build test test-gpu bench-act micro-act micro-gemm micro-lt host-overhead bench-mlp bench-decode bench-train
+#   steps: build test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
-#   PYTEST_ARGS (test), MICRO_GEMM_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
+#   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
 #   MATRIX_ARGS / MATRIX_TESTS
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -87,6 +87,12 @@ if has micro-lt; then
   # The plain MLP's first GEMM with cuBLASLt's bias + activation epilogue against ours.
   step micro-lt
   $PY benchmarks/micro/lt_epilogue.py --out "$OUT/lt_epilogue_h200.json" 2>&1 | tail -30 | tee -a "$LOG"
+fi
+if has micro-sm90; then
+  # The sm_90a kernels against Triton and cuBLAS: checks against float64, then timings.
+  step "micro-sm90 ${MICRO_SM90_ARGS:-}"
+  $PY benchmarks/micro/sm90_gate_up.py --out "$OUT/sm90_gate_up_h200.json" ${MICRO_SM90_ARGS:-} > "$OUT/sm90_gate_up_h200.txt" 2>&1
+  grep -E "^\[sm90\] (checks|[a-z_0-9]+: )|FAIL|Traceback|Error" "$OUT/sm90_gate_up_h200.txt" | tail -20 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead
