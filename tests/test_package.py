@@ -102,14 +102,22 @@ def test_capabilities_per_kernel_table():
 
 
 def test_sm90_kernel_is_not_used_off_the_gpu(fused_mlp, monkeypatch):
-    """sm90.usable says no for CPU tensors and for fp32, and FUSED_MLP_SM90=0 is honoured
-    before anything touches the device (the GPU tests cover the yes side)."""
+    """sm90.usable says no for CPU tensors and for fp32; its switches (read before anything
+    touches the device): FUSED_MLP_SM90=0 for every activation, FUSED_MLP_FAST_TANH=0 for
+    the tanh.approx ones only (the GPU tests cover the yes side)."""
     import importlib
 
     sm90 = importlib.import_module(fused_mlp.__name__ + ".sm90")
+    ids = fused_mlp.activations.ACTIVATION_IDS
     x, w, out = torch.zeros(16, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16), \
         torch.zeros(16, 64, dtype=torch.bfloat16)
     assert not sm90.usable(x, w, w, None, None, out, None, 1)
     assert not sm90.usable(x.float(), w.float(), w.float(), None, None, out.float(), None, 1)
+    monkeypatch.delenv("FUSED_MLP_SM90", raising=False)
+    monkeypatch.delenv("FUSED_MLP_FAST_TANH", raising=False)
+    assert not any(sm90.switched_off(i) for i in ids.values())
+    monkeypatch.setenv("FUSED_MLP_FAST_TANH", "0")
+    assert {a for a, i in ids.items() if sm90.switched_off(i)} == {"silu", "gelu_tanh", "quick_gelu"}
+    monkeypatch.delenv("FUSED_MLP_FAST_TANH")
     monkeypatch.setenv("FUSED_MLP_SM90", "0")
-    assert not sm90.usable(x, w, w, None, None, out, None, 1)
+    assert all(sm90.switched_off(i) for i in ids.values())

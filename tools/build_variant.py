@@ -172,12 +172,14 @@ def table_archs(table: dict, nvcc_ver: tuple[int, int], override: str | None) ->
     return sorted(caps, key=_arch_key)
 
 
+def merged_archs(per_table) -> list[str]:
+    """The union of the tables' capabilities, sorted (the metadata's list)."""
+    return sorted({a for archs in per_table for a in archs}, key=_arch_key)
+
+
 def cuda_archs(build: dict, nvcc_ver: tuple[int, int], override: str | None) -> list[str]:
-    """Every capability of the build (the metadata's list)."""
-    archs: list[str] = []
-    for k in kernel_tables(build, "cuda"):
-        archs += [a for a in table_archs(k, nvcc_ver, override) if a not in archs]
-    return sorted(archs, key=_arch_key)
+    """Every capability of the build."""
+    return merged_archs(table_archs(k, nvcc_ver, override) for k in kernel_tables(build, "cuda"))
 
 
 def gencode_flags(archs: list[str]) -> list[str]:
@@ -334,12 +336,9 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
         tv = tuple(int(x) for x in torch.version.cuda.split(".")[:2])
         if nv[0] != tv[0]:
             raise SystemExit(f"[build] nvcc {nv} and torch's CUDA {tv} differ in major version")
-        archs = cuda_archs(conf, nv, archs_override)
-        per_file = {}
-        for k in kernel_tables(conf, backend):
-            ka = table_archs(k, nv, archs_override)
-            for src in k["src"]:
-                per_file[ROOT / src] = ka
+        per_table = [(k, table_archs(k, nv, archs_override)) for k in kernel_tables(conf, backend)]
+        archs = merged_archs(ka for _, ka in per_table)
+        per_file = {ROOT / src: ka for k, ka in per_table for src in k["src"]}
         # A table left with no capability (an sm_90a kernel under --archs 8.0) is not built;
         # its ops are registered from its own sources, so the package just lacks them.
         skipped = {f for f, a in per_file.items() if not a and f.suffix == ".cu"}

@@ -7,6 +7,7 @@ The ids are part of the compiled ops' schemas (`activation: int`) and must match
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable
 
 import torch
@@ -21,6 +22,17 @@ ACTIVATION_IDS: dict[str, int] = {
     "relu2": 5,
     "quick_gelu": 6,
 }
+
+# The sigmoid-based activations the GPU kernels compute through one tanh.approx.f32 per
+# element for 16-bit outputs (sigmoid(v) = (1 + tanh(v / 2)) / 2): their error is within a
+# 16-bit output's rounding. FUSED_MLP_FAST_TANH=0 asks for the exact forms (Triton kernels).
+TANH_FORMS = frozenset(ACTIVATION_IDS[a] for a in ("silu", "gelu_tanh", "quick_gelu"))
+
+
+def tanh_forms_allowed() -> bool:
+    """False where FUSED_MLP_FAST_TANH=0 (read at every call, like the package's other switches)."""
+    return os.environ.get("FUSED_MLP_FAST_TANH", "1") != "0"
+
 
 # Other spellings of the same functions (transformers' ACT2FN keys among them).
 # gelu_new and gelu_fast are transformers' tanh-approximate GELU written two ways;

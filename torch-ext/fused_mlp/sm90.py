@@ -21,7 +21,7 @@ import torch
 
 from ._ops import add_op_namespace_prefix, ops
 from .act_and_mul import has_compiled_kernel
-from .activations import ACTIVATION_IDS
+from .activations import TANH_FORMS, tanh_forms_allowed
 
 Tensor = torch.Tensor
 
@@ -50,18 +50,17 @@ def _bias_ok(b: Optional[Tensor]) -> bool:
     return b is None or (b.stride(0) == 1 and b.data_ptr() % 16 == 0)
 
 
-# The kernel computes these through one tanh.approx per element (as the Triton kernels do
-# for 16-bit outputs by default); FUSED_MLP_FAST_TANH=0 asks for the exact forms, which the
-# Triton kernels have.
-_FAST_FORMS = {ACTIVATION_IDS[a] for a in ("silu", "gelu_tanh", "quick_gelu")}
+def switched_off(activation_id: int) -> bool:
+    """FUSED_MLP_SM90=0, or FUSED_MLP_FAST_TANH=0 for an activation this kernel computes
+    through tanh.approx (the exact forms are the Triton kernels')."""
+    return (os.environ.get("FUSED_MLP_SM90", "1") == "0"
+            or (activation_id in TANH_FORMS and not tanh_forms_allowed()))
 
 
 def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
            up_bias: Optional[Tensor], out: Tensor, pre: Optional[Tensor], activation_id: int) -> bool:
     """Whether gate_up takes these 2-D tensors (else the caller keeps its Triton kernel)."""
-    if x.dtype not in _DTYPES or not x.is_cuda or os.environ.get("FUSED_MLP_SM90", "1") == "0":
-        return False
-    if activation_id in _FAST_FORMS and os.environ.get("FUSED_MLP_FAST_TANH", "1") == "0":
+    if x.dtype not in _DTYPES or not x.is_cuda or switched_off(activation_id):
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if not _device_ok(index) or gate_weight.shape[0] % 8:

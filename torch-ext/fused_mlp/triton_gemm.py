@@ -77,7 +77,7 @@ import triton
 import triton.language as tl
 
 from . import sm90 as _sm90
-from .activations import ACTIVATION_IDS
+from .activations import ACTIVATION_IDS, TANH_FORMS, tanh_forms_allowed
 
 Tensor = torch.Tensor
 
@@ -705,17 +705,14 @@ class _Plan:
         self.runner = None
 
 
-_FAST_FORMS = {ACTIVATION_IDS[a] for a in ("silu", "gelu_tanh", "quick_gelu")}
-
-
 def _kernel_activation(activation_id: int, out: Tensor) -> int:
     """The ACTIVATION constant of a launch: the tanh.approx form (activation id + _FAST) for
     16-bit outputs on a GPU, unless FUSED_MLP_FAST_TANH=0. Its error is within a 16-bit
     output's rounding but not fp32's, so fp32 keeps the exact forms; the interpreter has no
     inline assembly. On the H200 it took the GeGLU d768 gate/up kernel from 138.1 to 130.5 us
     (benchmarks/NOTES.md, session 8)."""
-    if (activation_id in _FAST_FORMS and not INTERPRETED and out.dtype in (torch.float16, torch.bfloat16)
-            and os.environ.get("FUSED_MLP_FAST_TANH", "1") != "0"):
+    if (activation_id in TANH_FORMS and not INTERPRETED and out.dtype in (torch.float16, torch.bfloat16)
+            and tanh_forms_allowed()):
         return activation_id + _FAST
     return activation_id
 
