@@ -151,8 +151,8 @@ def nvcc_version(nvcc: Path) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _arch_key(a: str) -> float:
-    return float(a.rstrip("a"))
+def _arch_key(a: str) -> tuple[float, bool]:
+    return float(a.rstrip("a")), a.endswith("a")  # 9.0 before 9.0a: a total, stable order
 
 
 def table_archs(table: dict, nvcc_ver: tuple[int, int], override: str | None) -> list[str]:
