@@ -1120,3 +1120,94 @@ def test_fast_tanh_is_default_for_16_bit_only(fused_mlp, monkeypatch):
     assert tg._kernel_activation(ids["gelu"], out16) == ids["gelu"]  # erf GELU has no tanh form
     monkeypatch.setattr(tg, "INTERPRETED", True)
     assert tg._kernel_activation(ids["gelu_tanh"], out16) == ids["gelu_tanh"]
+
+
+# ----------------------------------------------------------------------------- sm_90a dh kernel
+
+
+def need_sm90(fm):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a kernels run on sm_90 GPUs only")
+    if not module(fm, "act_and_mul").has_compiled_kernel("dact_gemm_sm90", torch.device("cuda")):
+        pytest.skip("this build has no sm_90a kernels")
+
+
+DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264)]  # (M, K = model dim, N = hidden)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
+def test_gpu_sm90_dact(fused_mlp, dtype, act):
+    """dact_gemm_sm90 against float64: dh = dy @ W with the derivative epilogue, gated and
+    plain, in place and into a separate buffer (poisoned), on awkward shapes."""
+    need_sm90(fused_mlp)
+    acts = fused_mlp.activations
+    f, df = acts.torch_activation(act), acts.torch_activation_derivative(act)
+    aid = acts.ACTIVATION_IDS[act]
+    tol = TOL[dtype]
+    for i, (m, k, n) in enumerate(DACT_SHAPES):
+        gen = torch.Generator().manual_seed(i)
+        dy = torch.randn(m, k, generator=gen, dtype=torch.float64).to("cuda", dtype)
+        w_nk = (torch.randn(n, k, generator=gen, dtype=torch.float64) * k**-0.5).to("cuda", dtype)
+        dh = dy.double() @ w_nk.double().t()
+        for gated in (True, False):
+            pre = torch.randn(m, 2 * n if gated else n, generator=gen, dtype=torch.float64).to("cuda", dtype)
+            p64 = pre.double()
+            if gated:
+                g, u = p64[:, :n], p64[:, n:]
+                want = torch.cat([dh * u * df(g), dh * f(g)], 1)
+            else:
+                want = dh * df(p64)
+            for inplace in (False, True):
+                out = pre.clone() if inplace else torch.full_like(pre, float("nan"))
+                fused_mlp.ops.dact_gemm_sm90(out, dy, w_nk, out if inplace else pre, aid, gated)
+                what = f"M={m} K={k} N={n} {act} gated={gated} inplace={inplace}"
+                err = rel_err(out.cpu(), want.cpu())
+                assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
+    """Training on sm_90 runs the dh kernel through linear_dact (gated and plain MLP, the
+    nn.Linear layout transposed into a K-major copy, Conv1D's as it is); gradients right."""
+    need_sm90(fused_mlp)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    sm90 = module(fused_mlp, "sm90")
+    calls = []
+    real = sm90.dact
+    monkeypatch.setattr(sm90, "dact", lambda *a: calls.append(a[2]) or real(*a))
+    d, h, o = ODD
+    t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=31)
+    check_grads(grads_gated(fused_mlp, t, "gelu_tanh"), ref_grads_gated(fused_mlp, t, "gelu_tanh"),
+                TOL[torch.bfloat16], "gated")
+    assert calls == [True]
+    for layout in ("linear", "conv1d"):
+        calls.clear()
+        p = make_plain(777, d, h, o, torch.bfloat16, "cuda", True, layout, seed=32)
+        check_grads(grads_plain(fused_mlp, p, "gelu_tanh", layout), ref_grads_plain(fused_mlp, p, "gelu_tanh", layout),
+                    TOL[torch.bfloat16], f"plain {layout}")
+        assert calls == [layout == "linear"]
+    calls.clear()
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")
+    check_grads(grads_gated(fused_mlp, t, "gelu_tanh"), ref_grads_gated(fused_mlp, t, "gelu_tanh"),
+                TOL[torch.bfloat16], "off")
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_dact_rejects_bad_input(fused_mlp):
+    need_sm90(fused_mlp)
+    op = fused_mlp.ops.dact_gemm_sm90
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    dy, w, pre = torch.randn(64, 64, **bf), torch.randn(64, 64, **bf), torch.randn(64, 128, **bf)
+    with pytest.raises(RuntimeError, match="dtype"):
+        op(pre.float(), dy.float(), w.float(), pre.float(), 1, True)
+    with pytest.raises(RuntimeError, match="pre must be"):
+        op(pre, dy, w, pre, 1, False)
+    with pytest.raises(RuntimeError, match="out must have"):
+        op(torch.empty(64, 64, **bf), dy, w, pre, 1, True)
+    with pytest.raises(RuntimeError, match="weight must be"):
+        op(pre, dy, torch.randn(64, 32, **bf), pre, 1, True)
+    with pytest.raises(RuntimeError, match="activation id"):
+        op(pre, dy, w, pre, 99, True)

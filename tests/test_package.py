@@ -113,6 +113,8 @@ def test_sm90_kernel_is_not_used_off_the_gpu(fused_mlp, monkeypatch):
         torch.zeros(16, 64, dtype=torch.bfloat16)
     assert not sm90.usable(x, w, w, None, None, out, None, 1)
     assert not sm90.usable(x.float(), w.float(), w.float(), None, None, out.float(), None, 1)
+    pre = torch.zeros(16, 128, dtype=torch.bfloat16)
+    assert not sm90.dact_usable(x, w, True, pre, pre, 1, True)
     monkeypatch.delenv("FUSED_MLP_SM90", raising=False)
     monkeypatch.delenv("FUSED_MLP_FAST_TANH", raising=False)
     assert not any(sm90.switched_off(i) for i in ids.values())

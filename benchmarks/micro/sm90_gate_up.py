@@ -11,7 +11,9 @@
 2. Timing (triton.testing.do_bench median, L2 flushed): the benchmark cases' gate/up GEMM
    as the sm90 op (its own tile width, and 128 / 112 forced), the Triton kernel (the
    tuner's pick) and cuBLAS's x @ [Wg; Wu] (the same FLOPs without the epilogue), inference
-   and training (storing g | u).
+   and training (storing g | u); and the backward's dh GEMM with the derivative epilogue
+   (gated): the sm90 op (without and with the down weight's transposed copy), the Triton
+   kernel, cuBLAS's bare dy @ Wd.
 """
 
 from __future__ import annotations
@@ -115,8 +117,23 @@ def main() -> int:
         bu = torch.randn(n, device="cuda", dtype=dtype)
         res["triton_infer_bias"] = median_us(lambda: tg.gated_linear(x, wg, wu, bg, bu, aid, out=out))
         res["sm90_infer_bias"] = median_us(lambda: ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, None, aid))
-        tflops = 2 * m * k * 2 * n / 1e6
-        print(f"[sm90] {name}: " + ", ".join(f"{key} {v:.1f} us ({tflops / v:.0f} TF/s)" for key, v in res.items()),
+        # The backward's dh GEMM with the derivative epilogue (in place, on a scratch copy of
+        # g | u so that every run reads the same values), and cuBLAS's bare dy @ Wd.
+        wd = torch.randn(k, n, device="cuda", dtype=dtype) / n**0.5  # down weight [dim, hidden]
+        dy = torch.randn(m, k, device="cuda", dtype=dtype)
+        gu = torch.randn(m, 2 * n, device="cuda", dtype=dtype)
+        scratch = torch.empty_like(gu)
+        res["cublas_dh"] = median_us(lambda: torch.mm(dy, wd))
+        res["triton_dact"] = median_us(lambda: tg.linear_dact(dy, wd, True, gu, scratch, aid, gated=True))
+        if hasattr(ops, "dact_gemm_sm90"):
+            wd_nk = wd.t().contiguous()
+            res["sm90_dact"] = median_us(lambda: ops.dact_gemm_sm90(scratch, dy, wd_nk, gu, aid, True))
+            res["sm90_dact_with_transpose"] = median_us(
+                lambda: ops.dact_gemm_sm90(scratch, dy, wd.t().contiguous(), gu, aid, True))
+        def tflops(key: str) -> float:  # MFLOP: dh is one GEMM of [M, K] x [K, N]; gate/up two
+            return 2 * m * k * n * (1 if ("dh" in key or "dact" in key) else 2) / 1e6
+
+        print(f"[sm90] {name}: " + ", ".join(f"{key} {v:.1f} us ({tflops(key) / v:.0f} TF/s)" for key, v in res.items()),
               flush=True)
         rows.append({"case": name, "m": m, "k": k, "n": n, "act": act, "us": res})
     write_report(args.out, rows, failures=failures)

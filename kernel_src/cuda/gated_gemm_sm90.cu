@@ -72,9 +72,18 @@ struct Layout {
   static_assert(kTileBytesW % 1024 == 0, "swizzled tiles must stay 1024-byte aligned");
 };
 
+// What a kernel computes around its GEMM (the main loop is the same for all three):
+//   kGatedFwd  h = act(x Wg^T + bg) * (x Wu^T + bu)          tile: 128 x BN of h
+//   kGatedDh   dh = dy Wd (never stored); pre = g | u ->      tile: 128 x 2 BN of dh
+//              out = dh * u * act'(g) | dh * act(g)
+//   kPlainDh   dh = dy W2; out = dh * act'(pre)               tile: 128 x 2 BN of dh
+// In the dh kinds the two B operands of the main loop are the two BN-row halves of one
+// weight tile ([N, K], K-major), and the two accumulators two halves of the dh tile.
+enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2 };
+
 struct Params {
   void* out;
-  void* pre;            // nullptr, or [M, 2N]: g | u
+  void* pre;            // forward: nullptr, or [M, 2N] receiving g | u; dh: the saved pre-activations
   const void* bg;       // nullptr or [N]
   const void* bu;
   int64_t ldo;
@@ -247,6 +256,39 @@ __device__ __forceinline__ float epilogue_act(float v) {
   }
 }
 
+// (act(x), act'(x)) for the dh epilogue: the derivatives of the Triton backward
+// (triton_gemm._activation_and_grad), with its tanh.approx forms for the sigmoid-based ones.
+template <Activation A>
+__device__ __forceinline__ void act_and_grad(float x, float& a, float& d) {
+  if constexpr (A == Activation::kSilu) {
+    const float s = 0.5f + 0.5f * tanh_approx(0.5f * x);
+    a = x * s;
+    d = s * (1.0f + x * (1.0f - s));
+  } else if constexpr (A == Activation::kGeluTanh) {
+    const float s = 0.5f + 0.5f * tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x));
+    a = x * s;
+    d = s + x * s * (1.0f - s) * (1.5957691216057308f * (1.0f + 0.134145f * x * x));
+  } else if constexpr (A == Activation::kGelu) {
+    const float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
+    a = x * cdf;
+    d = cdf + x * __expf(-0.5f * x * x) * 0.3989422804014327f;  // + x * pdf(x)
+  } else if constexpr (A == Activation::kRelu) {
+    a = x > 0.0f ? x : 0.0f;
+    d = x > 0.0f ? 1.0f : 0.0f;
+  } else if constexpr (A == Activation::kRelu2) {
+    const float r = x > 0.0f ? x : 0.0f;
+    a = r * r;
+    d = 2.0f * r;
+  } else if constexpr (A == Activation::kQuickGelu) {
+    const float s = 0.5f + 0.5f * tanh_approx(0.851f * x);
+    a = x * s;
+    d = s + 1.702f * x * s * (1.0f - s);
+  } else {
+    a = x;
+    d = 1.0f;
+  }
+}
+
 template <int BN>
 __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int& n0) {
   const int per_group = kGroupM * p.tiles_n;
@@ -257,13 +299,80 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   n0 = (r / rows) * BN;
 }
 
-template <typename T, Activation A, int BN>
+// The dh kinds' epilogue group: the staged tile holds dh (two BN-column halves, rounded
+// to the input dtype as eager's dh is); each item reads 8 columns of a row of dh, the
+// saved pre-activations at the same place (16-byte loads), and stores the gradient(s).
+// out may be pre itself: every element is read and then written by the same thread.
+template <typename T, Activation A, int BN, Epi E>
+__device__ __forceinline__ void dh_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
+                                            uint64_t* staged, uint64_t* freed, int tid) {
+  constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
+  const T* pre = static_cast<const T*>(p.pre);
+  T* out = static_cast<T*>(p.out);
+  uint32_t it = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+    int m0, n0;
+    tile_coords<2 * BN>(t, p, m0, n0);
+    bar_wait(staged, it & 1);
+    for (int part = 0; part < 2; ++part) {
+      const T* stg = part == 0 ? stg_g : stg_u;
+      // 4 items in flight per thread: 2 x 16-byte loads of g | u each, ~16 KB per SM
+      // against the ~14 KB a 23 GB/s share of the copy rate needs at DRAM latency.
+#pragma unroll 4
+      for (int i = 0; i < kChunks; ++i) {
+        const int e = tid + 128 * i;
+        const int r = e / kChunks, chunk = e % kChunks;
+        const int col = n0 + part * BN + chunk * 8;
+        const int m = m0 + r;
+        const uint4 dv = *reinterpret_cast<const uint4*>(stg + r * kStgStride + chunk * 8);
+        if (col >= p.N || m >= p.M) continue;
+        const T* prow = pre + m * p.ldp + col;
+        T* orow = out + m * p.ldo + col;
+        const uint4 gv = *reinterpret_cast<const uint4*>(prow);
+        const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
+        const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+        if constexpr (E == Epi::kGatedDh) {
+          const uint4 uv = *reinterpret_cast<const uint4*>(prow + p.N);
+          const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
+          uint32_t dgw[4], duw[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 dh = unpack2<T>(dw[k]), g = unpack2<T>(gw[k]), u = unpack2<T>(uw[k]);
+            float a0, d0, a1, d1;
+            act_and_grad<A>(g.x, a0, d0);
+            act_and_grad<A>(g.y, a1, d1);
+            dgw[k] = pack2<T>(dh.x * u.x * d0, dh.y * u.y * d1);
+            duw[k] = pack2<T>(dh.x * a0, dh.y * a1);
+          }
+          *reinterpret_cast<uint4*>(orow) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+          *reinterpret_cast<uint4*>(orow + p.N) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+        } else {
+          uint32_t ow[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 dh = unpack2<T>(dw[k]), x = unpack2<T>(gw[k]);
+            float a0, d0, a1, d1;
+            act_and_grad<A>(x.x, a0, d0);
+            act_and_grad<A>(x.y, a1, d1);
+            ow[k] = pack2<T>(dh.x * d0, dh.y * d1);
+          }
+          *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+        }
+      }
+    }
+    bar_arrive(freed);
+  }
+}
+
+template <typename T, Activation A, int BN, Epi E>
 __global__ void __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   using L = Layout<BN>;
   constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
+  constexpr bool kFwd = E == Epi::kGatedFwd;
+  constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kStages * kStageBytes);
   T* stg_u = stg_g + kBM * kStgStride;
@@ -297,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t c = 0;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int m0, n0;
-        tile_coords<BN>(t, p, m0, n0);
+        tile_coords<kTileN>(t, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kStages;
           bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
@@ -305,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint8_t* st = smem + s * kStageBytes;
           tma_load(st, &map_x, &full[s], kb * kBK, m0);
           tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0);
-          tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, n0);
+          tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN);
         }
       }
     }
@@ -322,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // n8 block j), loaded now so the loads' latency hides behind the K loop; added to
       // the fp32 accumulators before g and u are rounded once, as cuBLAS's bias epilogue.
       int m0, n0;
-      tile_coords<BN>(t, p, m0, n0);
+      tile_coords<kTileN>(t, p, m0, n0);
       uint32_t bias_g[BN / 8], bias_u[BN / 8];
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
@@ -375,48 +484,52 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
-    // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
-    // chunks per row): consecutive threads store consecutive 16 bytes of a row.
-    constexpr int kChunks = BN / 8;
-    uint32_t it = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
-      int m0, n0;
-      tile_coords<BN>(t, p, m0, n0);
-      bar_wait(staged, it & 1);
-#pragma unroll 2
-      for (int i = 0; i < kChunks; ++i) {
-        const int e = tid + 128 * i;
-        const int r = e / kChunks, chunk = e % kChunks;
-        const int col = n0 + chunk * 8;
-        const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
-        const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
-        const int m = m0 + r;
-        if (col >= p.N || m >= p.M) continue;
-        const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
-        const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
-        uint32_t hw[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 g = unpack2<T>(gw[k]);
-          const float2 u = unpack2<T>(uw[k]);
-          hw[k] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+    if constexpr (kFwd) {
+      // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
+      // chunks per row): consecutive threads store consecutive 16 bytes of a row.
+      constexpr int kChunks = BN / 8;
+      uint32_t it = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+        int m0, n0;
+        tile_coords<kTileN>(t, p, m0, n0);
+        bar_wait(staged, it & 1);
+  #pragma unroll 2
+        for (int i = 0; i < kChunks; ++i) {
+          const int e = tid + 128 * i;
+          const int r = e / kChunks, chunk = e % kChunks;
+          const int col = n0 + chunk * 8;
+          const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
+          const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
+          const int m = m0 + r;
+          if (col >= p.N || m >= p.M) continue;
+          const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+          const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
+          uint32_t hw[4];
+  #pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 g = unpack2<T>(gw[k]);
+            const float2 u = unpack2<T>(uw[k]);
+            hw[k] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+          }
+          T* out = static_cast<T*>(p.out) + m * p.ldo + col;
+          *reinterpret_cast<uint4*>(out) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+          if (p.pre != nullptr) {  // g | u as staged (biases included)
+            T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
+            *reinterpret_cast<uint4*>(pre) = gv;
+            *reinterpret_cast<uint4*>(pre + p.N) = uv;
+          }
         }
-        T* out = static_cast<T*>(p.out) + m * p.ldo + col;
-        *reinterpret_cast<uint4*>(out) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-        if (p.pre != nullptr) {  // g | u as staged (biases included)
-          T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
-          *reinterpret_cast<uint4*>(pre) = gv;
-          *reinterpret_cast<uint4*>(pre + p.N) = uv;
-        }
+        bar_arrive(freed);
       }
-      bar_arrive(freed);
+    } else {
+      dh_epilogue<T, A, BN, E>(p, tiles, stg_g, stg_u, staged, freed, tid);
     }
   }
 }
 
 #else  // not compiled for sm_90a: the host never launches it (gated_gemm_sm90 refuses first)
 
-template <typename T, Activation A, int BN>
+template <typename T, Activation A, int BN, Epi E>
 __global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                   const __grid_constant__ CUtensorMap, const Params) {}
 
@@ -490,35 +603,54 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
   return cost(112) < cost(128) ? 112 : 128;
 }
 
-template <typename T, Activation A, int BN>
-void launch(const at::Tensor& x, const at::Tensor& wg, const at::Tensor& wu, Params p, cudaStream_t stream,
+template <typename T, Activation A, int BN, Epi E>
+void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb1, Params p, cudaStream_t stream,
             int device) {
-  auto kernel = gated_gemm_kernel<T, A, BN>;
+  auto kernel = gated_gemm_kernel<T, A, BN, E>;
   constexpr int kSmem = Layout<BN>::kSmemBytes;
   static bool smem_set[64] = {};  // per device; setting it twice in a race is harmless
   if (device >= 64 || !smem_set[device]) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     if (device < 64) smem_set[device] = true;
   }
-  const CUtensorMap mx = operand_map(x, kBM, "x"), mg = operand_map(wg, BN, "gate_weight"),
-                    mu = operand_map(wu, BN, "up_weight");
-  p.tiles_n = (p.N + BN - 1) / BN;
+  constexpr int kTileN = E == Epi::kGatedFwd ? BN : 2 * BN;
+  p.tiles_n = (p.N + kTileN - 1) / kTileN;
   const int tiles = p.tiles_m * p.tiles_n;
   const int grid = std::min(tiles, sm_count(device));
-  kernel<<<grid, kThreads, kSmem, stream>>>(mx, mg, mu, p);
+  kernel<<<grid, kThreads, kSmem, stream>>>(ma, mb0, mb1, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The checks both ops share: activation id, dtype, device, and an sm_90 GPU. Returns the
+// device index.
+int check_common(const char* op, const at::Tensor& a, const char* name, int64_t activation) {
+  FUSED_MLP_CHECK(activation >= 0 && activation < kNumActivations, "fused_mlp: activation id ", activation,
+                  " is not one of 0..", kNumActivations - 1);
+  FUSED_MLP_CHECK(a.is_cuda(), "fused_mlp: ", op, " needs ", name, " on a CUDA device, got ", a.device());
+  FUSED_MLP_CHECK(a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf, "fused_mlp: ", op,
+                  " takes bfloat16 or float16, got ", name, " of dtype ", a.scalar_type());
+  const int device = a.get_device();
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  FUSED_MLP_CHECK(major == 9 && minor == 0, "fused_mlp: ", op, " runs on sm_90 GPUs only, this one is sm_",
+                  major * 10 + minor);
+  return device;
+}
+
+void check_sizes(const char* op, int64_t M, int64_t N, int64_t K) {
+  FUSED_MLP_CHECK(N % 8 == 0, "fused_mlp: ", op, " needs N (the hidden size) a multiple of 8, got ", N);
+  FUSED_MLP_CHECK(M < (int64_t(1) << 31) && N < (int64_t(1) << 30) && K < (int64_t(1) << 31),
+                  "fused_mlp: ", op, " shapes must fit 32-bit indices");
 }
 
 void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
                      const c10::optional<at::Tensor>& gate_bias, const c10::optional<at::Tensor>& up_bias,
                      const c10::optional<at::Tensor>& pre, int64_t activation, int64_t block_n) {
-  FUSED_MLP_CHECK(activation >= 0 && activation < kNumActivations, "fused_mlp: activation id ", activation,
-                  " is not one of 0..", kNumActivations - 1);
   FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128,
                   "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
-  FUSED_MLP_CHECK(x.is_cuda(), "fused_mlp: gated_gemm_sm90 needs x on a CUDA device, got ", x.device());
-  FUSED_MLP_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-                  "fused_mlp: gated_gemm_sm90 takes bfloat16 or float16, got x of dtype ", x.scalar_type());
+  const int device = check_common("gated_gemm_sm90", x, "x", activation);
+  const c10::cuda::CUDAGuard guard(x.device());
   check_rows(x, "x", x);
   check_rows(gate_weight, "gate_weight", x);
   check_rows(up_weight, "up_weight", x);
@@ -529,9 +661,7 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
                   " must both be [N, ", K, "]");
   FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
                   out.sizes());
-  FUSED_MLP_CHECK(N % 8 == 0, "fused_mlp: gated_gemm_sm90 needs N (the hidden size) a multiple of 8, got ", N);
-  FUSED_MLP_CHECK(M < (int64_t(1) << 31) && N < (int64_t(1) << 30) && K < (int64_t(1) << 31),
-                  "fused_mlp: gated_gemm_sm90 shapes must fit 32-bit indices");
+  check_sizes("gated_gemm_sm90", M, N, K);
   check_bias(gate_bias, "gate_bias", x, N);
   check_bias(up_bias, "up_bias", x, N);
   if (pre.has_value()) {
@@ -539,16 +669,9 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
     FUSED_MLP_CHECK(pre->size(0) == M && pre->size(1) == 2 * N, "fused_mlp: pre must be [", M, ", ", 2 * N,
                     "], got ", pre->sizes());
   }
-  const c10::cuda::CUDAGuard guard(x.device());
-  const int device = x.get_device();
-  int major = 0, minor = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  FUSED_MLP_CHECK(major == 9 && minor == 0, "fused_mlp: gated_gemm_sm90 runs on sm_90 GPUs only, this one is sm_",
-                  major * 10 + minor);
   if (M == 0 || N == 0) return;
 
-  Params p;
+  Params p{};
   p.out = out.data_ptr();
   p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
   p.bg = gate_bias.has_value() ? gate_bias->data_ptr() : nullptr;
@@ -561,13 +684,61 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
   const int bn = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sm_count(device));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+  const CUtensorMap mx = operand_map(x, kBM, "x"), mg = operand_map(gate_weight, bn, "gate_weight"),
+                    mu = operand_map(up_weight, bn, "up_weight");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (x.scalar_type() == at::kBFloat16) {
-      if (bn == 112) launch<__nv_bfloat16, kAct, 112>(x, gate_weight, up_weight, p, stream, device);
-      else launch<__nv_bfloat16, kAct, 128>(x, gate_weight, up_weight, p, stream, device);
+      if (bn == 112) launch<__nv_bfloat16, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
+      else launch<__nv_bfloat16, kAct, 128, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
     } else {
-      if (bn == 112) launch<__half, kAct, 112>(x, gate_weight, up_weight, p, stream, device);
-      else launch<__half, kAct, 128>(x, gate_weight, up_weight, p, stream, device);
+      if (bn == 112) launch<__half, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
+      else launch<__half, kAct, 128, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
+    }
+  });
+}
+
+// The backward's first GEMM with the activation's derivative in its epilogue (the same
+// contract as triton_gemm.linear_dact without its h output):
+//   gated: pre = g | u [M, 2N] -> out = dh * u * act'(g) | dh * act(g)   [M, 2N]
+//   plain: pre [M, N]          -> out = dh * act'(pre)                  [M, N]
+// with dh = dy @ weight^T for dy [M, K] and weight [N, K] (K-major: nn.Linear's down weight
+// transposed, or Conv1D's [hidden, out] as it is). out may be pre (in place).
+void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& pre,
+                    int64_t activation, bool gated) {
+  const int device = check_common("dact_gemm_sm90", dy, "dy", activation);
+  const c10::cuda::CUDAGuard guard(dy.device());
+  check_rows(dy, "dy", dy);
+  check_rows(weight, "weight", dy);
+  check_rows(pre, "pre", dy);
+  check_rows(out, "out", dy);
+  const int64_t M = dy.size(0), K = dy.size(1), N = weight.size(0);
+  FUSED_MLP_CHECK(weight.size(1) == K, "fused_mlp: weight must be [N, ", K, "] (K-major), got ", weight.sizes());
+  const int64_t width = gated ? 2 * N : N;
+  FUSED_MLP_CHECK(pre.size(0) == M && pre.size(1) == width, "fused_mlp: pre must be [", M, ", ", width,
+                  "], got ", pre.sizes());
+  FUSED_MLP_CHECK(out.sizes() == pre.sizes(), "fused_mlp: out must have pre's shape ", pre.sizes(), ", got ",
+                  out.sizes());
+  check_sizes("dact_gemm_sm90", M, N, K);
+  if (M == 0 || N == 0) return;
+
+  Params p{};
+  p.out = out.data_ptr();
+  p.pre = pre.data_ptr();
+  p.ldo = out.stride(0);
+  p.ldp = pre.stride(0);
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+  const CUtensorMap md = operand_map(dy, kBM, "dy"), mw = operand_map(weight, 128, "weight");
+  FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
+    if (dy.scalar_type() == at::kBFloat16) {
+      if (gated) launch<__nv_bfloat16, kAct, 128, Epi::kGatedDh>(md, mw, mw, p, stream, device);
+      else launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh>(md, mw, mw, p, stream, device);
+    } else {
+      if (gated) launch<__half, kAct, 128, Epi::kGatedDh>(md, mw, mw, p, stream, device);
+      else launch<__half, kAct, 128, Epi::kPlainDh>(md, mw, mw, p, stream, device);
     }
   });
 }
@@ -583,4 +754,6 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
       "gated_gemm_sm90(Tensor! out, Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? gate_bias, "
       "Tensor? up_bias, Tensor(a!)? pre, int activation, int block_n=0) -> ()");
   ops.impl("gated_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::gated_gemm_sm90);
+  ops.def("dact_gemm_sm90(Tensor(a!) out, Tensor dy, Tensor weight, Tensor pre, int activation, bool gated) -> ()");
+  ops.impl("dact_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::dact_gemm_sm90);
 }

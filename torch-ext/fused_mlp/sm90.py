@@ -1,7 +1,10 @@
-"""The warp-specialized gate/up GEMM for Hopper (kernel_src/cuda/gated_gemm_sm90.cu).
+"""The warp-specialized GEMMs for Hopper (kernel_src/cuda/gated_gemm_sm90.cu).
 
     gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
         out = act(x Wg^T + bg) * (x Wu^T + bu); pre (optional, [M, 2N]) = g | u
+    dact(dy, weight, w_kn, pre, out, activation_id, gated)
+        the backward's dh = dy @ W with the activation's derivative as its epilogue
+        (triton_gemm.linear_dact's contract, without its h output)
 
 Builds include it only for sm_90a (build.toml's `fused_mlp_sm90` kernel); triton_gemm's
 gated forward calls it instead of its Triton kernel wherever `usable` says yes, and
@@ -26,19 +29,24 @@ from .activations import TANH_FORMS, tanh_forms_allowed
 Tensor = torch.Tensor
 
 _OP = "gated_gemm_sm90"
+_DACT_OP = "dact_gemm_sm90"
 _DTYPES = (torch.bfloat16, torch.float16)
 
+# The ops only write their out (and pre) arguments: nothing to compute for fake tensors.
 if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_OP)):
-    # The op only writes out (and pre): nothing to compute for fake tensors.
     torch.library.register_fake(add_op_namespace_prefix(_OP))(
         lambda out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation, block_n=0: None
+    )
+if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DACT_OP)):
+    torch.library.register_fake(add_op_namespace_prefix(_DACT_OP))(
+        lambda out, dy, weight, pre, activation, gated: None
     )
 
 
 @functools.lru_cache(maxsize=None)
 def _device_ok(index: int) -> bool:
-    """This build has the kernel and GPU `index` is sm_90 (H100 / H200)."""
-    return (has_compiled_kernel(_OP, torch.device("cuda"))
+    """This build has the kernels and GPU `index` is sm_90 (H100 / H200)."""
+    return (has_compiled_kernel(_OP, torch.device("cuda")) and has_compiled_kernel(_DACT_OP, torch.device("cuda"))
             and torch.cuda.get_device_capability(index) == (9, 0))
 
 
@@ -57,13 +65,18 @@ def switched_off(activation_id: int) -> bool:
             or (activation_id in TANH_FORMS and not tanh_forms_allowed()))
 
 
+def _wanted(x: Tensor, activation_id: int) -> bool:
+    """The conditions both kernels share: 16-bit CUDA tensors on an sm_90 GPU with this
+    build's kernels, not switched off (switched_off)."""
+    if x.dtype not in _DTYPES or not x.is_cuda or switched_off(activation_id):
+        return False
+    return _device_ok(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
 def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
            up_bias: Optional[Tensor], out: Tensor, pre: Optional[Tensor], activation_id: int) -> bool:
     """Whether gate_up takes these 2-D tensors (else the caller keeps its Triton kernel)."""
-    if x.dtype not in _DTYPES or not x.is_cuda or switched_off(activation_id):
-        return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if not _device_ok(index) or gate_weight.shape[0] % 8:
+    if not _wanted(x, activation_id) or gate_weight.shape[0] % 8:
         return False
     return (all(_rows_ok(t) for t in (x, gate_weight, up_weight, out))
             and (pre is None or _rows_ok(pre)) and _bias_ok(gate_bias) and _bias_ok(up_bias))
@@ -72,4 +85,26 @@ def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optiona
 def gate_up(out: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
             up_bias: Optional[Tensor], pre: Optional[Tensor], activation_id: int) -> Tensor:
     ops.gated_gemm_sm90(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
+    return out
+
+
+def dact_usable(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activation_id: int,
+                gated: bool) -> bool:
+    """Whether dact takes these tensors. weight is read as [K, N] (w_kn: nn.Linear's down
+    weight [out, hidden], which dact transposes into a K-major copy) or [N, K] (Conv1D's
+    [hidden, out], used as it is when its rows are aligned)."""
+    if not _wanted(dy, activation_id):
+        return False
+    n = pre.shape[1] // 2 if gated else pre.shape[1]
+    if n % 8 or not all(_rows_ok(t) for t in (dy, pre, out)):
+        return False
+    return w_kn or _rows_ok(weight)
+
+
+def dact(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activation_id: int,
+         gated: bool) -> Tensor:
+    # The kernel's B operand must be K-major: [N, K]. nn.Linear's down weight is [K, N]:
+    # a transposed copy (D x H elements, ~3 us at d768 on the H200's copy rate).
+    w_nk = weight.t().contiguous() if w_kn else weight
+    ops.dact_gemm_sm90(out, dy, w_nk, pre, activation_id, gated)
     return out

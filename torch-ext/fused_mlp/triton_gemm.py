@@ -1100,6 +1100,10 @@ def linear_dact(
     N = pre.shape[1] // 2 if gated else pre.shape[1]
     if M == 0 or N == 0:
         return out
+    if (config is None and h is None and not INTERPRETED
+            and _sm90.dact_usable(dy, weight, w_kn, pre, out, activation_id, gated)):
+        # Hopper: the warp-specialized CUDA kernel (its epilogue overlaps the next tile's MMAs)
+        return _sm90.dact(dy, weight, w_kn, pre, out, activation_id, gated)
     bwd = BWD_GATED if gated else BWD_PLAIN
     inplace = out.data_ptr() == pre.data_ptr()
 
