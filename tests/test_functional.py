@@ -772,6 +772,7 @@ def test_gpu_cublaslt_candidate(gpu, monkeypatch, dtype, cublaslt):
     default), as our kernel otherwise; other activations and bias-free calls never take
     it; both are right against float64 (mlp and linear_act, both layouts, awkward M)."""
     monkeypatch.setenv("FUSED_MLP_CUBLASLT", cublaslt)
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")  # the choice between cuBLASLt and Triton
     calls = []
     real = torch._addmm_activation
 
@@ -826,6 +827,7 @@ def test_gpu_cublaslt_choice_is_timed_and_cached(gpu, monkeypatch):
     choice is cached and the result is right whichever won."""
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
     monkeypatch.setenv("FUSED_MLP_CUBLASLT", "1")
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")  # the choice between cuBLASLt and Triton
     tg = triton_gemm_module(gpu)
     d, h, o = ODD
     p = make_plain(500, d, h, o, torch.bfloat16, "cuda", True, "linear", seed=7)
@@ -992,3 +994,48 @@ def test_gpu_sm90_rejects_bad_input(fused_mlp):
         op(out, x, w, w, None, None, torch.empty(64, 64, **bf), 1)
     with pytest.raises(RuntimeError, match="block_n"):
         op(out, x, w, w, None, None, None, 1, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
+def test_gpu_sm90_linear_act(fused_mlp, dtype, act):
+    """linear_act_sm90 (the plain MLP's first GEMM + bias + activation) against float64,
+    with and without bias and the training store of x W^T + b, outputs poisoned first."""
+    need_sm90(fused_mlp)
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    fn = fused_mlp.activations.torch_activation(act)
+    for i, (m, k, n) in enumerate(SM90_SHAPES):
+        for bias, train in ((False, False), (True, False), (True, True)):
+            gen = torch.Generator().manual_seed(200 + 2 * i + bias)
+            x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
+            w = _rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen)
+            b = _rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) if bias else None
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            pre = torch.full((m, n), float("nan"), dtype=dtype, device="cuda") if train else None
+            fused_mlp.ops.linear_act_sm90(out, x, w, b, pre, ids[act])
+            z = x.double() @ w.double().t() + (0 if b is None else b.double())
+            what = f"M={m} K={k} N={n} {act} bias={bias} train={train}"
+            check(out.cpu(), fn(z).cpu(), TOL[dtype], what)
+            if train:
+                check(pre.cpu(), z.cpu(), TOL[dtype], what + " pre")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
+    """On sm_90 the plain MLP's first GEMM (nn.Linear layout) runs linear_act_sm90, ahead
+    of cuBLASLt; Conv1D's layout keeps the other candidates. Both right."""
+    need_sm90(fused_mlp)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    sm90 = sm90_module(fused_mlp)
+    calls = []
+    real = sm90.linear_act
+    monkeypatch.setattr(sm90, "linear_act", lambda *a: calls.append(a[1].shape) or real(*a))
+    d, h, o = ODD
+    for layout, want in (("linear", 1), ("conv1d", 0)):
+        calls.clear()
+        p = make_plain(777, d, h, o, torch.bfloat16, "cuda", True, layout, seed=41)
+        check(run_plain(fused_mlp, p, "gelu_tanh", layout).cpu(), ref_plain(fused_mlp, p, "gelu_tanh", layout),
+              TOL[torch.bfloat16], layout)
+        assert len(calls) == want, layout

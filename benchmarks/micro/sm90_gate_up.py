@@ -13,7 +13,8 @@
    tuner's pick) and cuBLAS's x @ [Wg; Wu] (the same FLOPs without the epilogue), inference
    and training (storing g | u); and the backward's dh GEMM with the derivative epilogue
    (gated): the sm90 op (without and with the down weight's transposed copy), the Triton
-   kernel, cuBLAS's bare dy @ Wd.
+   kernel, cuBLAS's bare dy @ Wd; and the plain MLP's first GEMM + bias + gelu_tanh at d768
+   (sm90 op, Triton, cuBLASLt's epilogue, cuBLAS's GEMM + bias).
 """
 
 from __future__ import annotations
@@ -136,6 +137,25 @@ def main() -> int:
         print(f"[sm90] {name}: " + ", ".join(f"{key} {v:.1f} us ({tflops(key) / v:.0f} TF/s)" for key, v in res.items()),
               flush=True)
         rows.append({"case": name, "m": m, "k": k, "n": n, "act": act, "us": res})
+    # The plain MLP's first GEMM + bias + gelu_tanh at d768: cuBLAS's GEMM + bias alone,
+    # cuBLASLt's bias + GELU epilogue (the current default there), our Triton kernel, sm90.
+    if hasattr(ops, "linear_act_sm90"):
+        m, k, n = 8192, 768, 3072
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        aid = ids["gelu_tanh"]
+        os.environ["FUSED_MLP_CUBLASLT"] = "0"  # linear_act on its Triton kernel
+        res = {
+            "cublas_addmm": median_us(lambda: torch.addmm(b, x, w.t())),
+            "cublaslt_bias_gelu": median_us(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)),
+            "triton_linear_act": median_us(lambda: tg.linear_act(x, w, b, aid, out=out)),
+            "sm90_linear_act": median_us(lambda: ops.linear_act_sm90(out, x, w, b, None, aid)),
+        }
+        print("[sm90] mlp_gelu_tanh_m8192_d768_h3072: " + ", ".join(f"{key} {v:.1f} us" for key, v in res.items()),
+              flush=True)
+        rows.append({"case": "mlp_gelu_tanh_m8192_d768_h3072", "m": m, "k": k, "n": n, "act": "gelu_tanh", "us": res})
     write_report(args.out, rows, failures=failures)
     return 1 if failures else 0
 

@@ -77,9 +77,10 @@ struct Layout {
 //   kGatedDh   dh = dy Wd (never stored); pre = g | u ->      tile: 128 x 2 BN of dh
 //              out = dh * u * act'(g) | dh * act(g)
 //   kPlainDh   dh = dy W2; out = dh * act'(pre)               tile: 128 x 2 BN of dh
-// In the dh kinds the two B operands of the main loop are the two BN-row halves of one
-// weight tile ([N, K], K-major), and the two accumulators two halves of the dh tile.
-enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2 };
+//   kPlainFwd  out = act(x W1^T + b1) (pre = x W1^T + b1)    tile: 128 x 2 BN of out
+// In the last three the two B operands of the main loop are the two BN-row halves of one
+// weight tile ([N, K], K-major), and the two accumulators two halves of the output tile.
+enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3 };
 
 struct Params {
   void* out;
@@ -299,12 +300,14 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   n0 = (r / rows) * BN;
 }
 
-// The dh kinds' epilogue group: the staged tile holds dh (two BN-column halves, rounded
-// to the input dtype as eager's dh is); each item reads 8 columns of a row of dh, the
-// saved pre-activations at the same place (16-byte loads), and stores the gradient(s).
-// out may be pre itself: every element is read and then written by the same thread.
+// The epilogue group of the kinds with a 2 BN-column tile. The staged tile holds the GEMM's
+// result in two BN-column halves, rounded to the input dtype (as eager's dh and
+// x W1^T + b1 are). dh kinds: each item reads 8 columns of a row of dh and the saved
+// pre-activations at the same place (16-byte loads) and stores the gradient(s); out may
+// be pre itself (every element is read and then written by the same thread). kPlainFwd:
+// each item stores act of 8 columns, and the columns themselves into pre if given.
 template <typename T, Activation A, int BN, Epi E>
-__device__ __forceinline__ void dh_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
+__device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
                                             uint64_t* staged, uint64_t* freed, int tid) {
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
   const T* pre = static_cast<const T*>(p.pre);
@@ -326,10 +329,21 @@ __device__ __forceinline__ void dh_epilogue(const Params& p, int tiles, const T*
         const int m = m0 + r;
         const uint4 dv = *reinterpret_cast<const uint4*>(stg + r * kStgStride + chunk * 8);
         if (col >= p.N || m >= p.M) continue;
-        const T* prow = pre + m * p.ldp + col;
         T* orow = out + m * p.ldo + col;
-        const uint4 gv = *reinterpret_cast<const uint4*>(prow);
         const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
+        if constexpr (E == Epi::kPlainFwd) {  // dv is x W1^T + b1, rounded
+          uint32_t ow[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 v = unpack2<T>(dw[k]);
+            ow[k] = pack2<T>(epilogue_act<A>(v.x), epilogue_act<A>(v.y));
+          }
+          *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+          if (pre != nullptr) *reinterpret_cast<uint4*>(const_cast<T*>(pre) + m * p.ldp + col) = dv;
+          continue;
+        }
+        const T* prow = pre + m * p.ldp + col;
+        const uint4 gv = *reinterpret_cast<const uint4*>(prow);
         const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
         if constexpr (E == Epi::kGatedDh) {
           const uint4 uv = *reinterpret_cast<const uint4*>(prow + p.N);
@@ -436,9 +450,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + 8 * j + 2 * (lane % 4);
-        const bool in = col < p.N;  // N is a multiple of 8: col + 1 is in too
-        bias_g[j] = (in && bg != nullptr) ? *reinterpret_cast<const uint32_t*>(bg + col) : 0u;
-        bias_u[j] = (in && bu != nullptr) ? *reinterpret_cast<const uint32_t*>(bu + col) : 0u;
+        const int col_u = kFwd ? col : col + BN;  // the second accumulator's columns
+        // N is a multiple of 8: col + 1 is in too
+        bias_g[j] = (col < p.N && bg != nullptr) ? *reinterpret_cast<const uint32_t*>(bg + col) : 0u;
+        bias_u[j] = (col_u < p.N && bu != nullptr) ? *reinterpret_cast<const uint32_t*>(bu + col_u) : 0u;
       }
       for (int kb = 0; kb < ksteps; ++kb, ++c) {
         const int s = c % kStages;
@@ -522,7 +537,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         bar_arrive(freed);
       }
     } else {
-      dh_epilogue<T, A, BN, E>(p, tiles, stg_g, stg_u, staged, freed, tid);
+      wide_epilogue<T, A, BN, E>(p, tiles, stg_g, stg_u, staged, freed, tid);
     }
   }
 }
@@ -743,6 +758,49 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   });
 }
 
+// act(x W^T + b) for x [M, K] and weight [N, K] (nn.Linear's layout), bias [N] or none;
+// pre (optional, [M, N]) also receives x W^T + b (the training forward of the plain MLP).
+void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& pre,
+                     int64_t activation) {
+  const int device = check_common("linear_act_sm90", x, "x", activation);
+  const c10::cuda::CUDAGuard guard(x.device());
+  check_rows(x, "x", x);
+  check_rows(weight, "weight", x);
+  check_rows(out, "out", x);
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  FUSED_MLP_CHECK(weight.size(1) == K, "fused_mlp: weight must be [N, ", K, "], got ", weight.sizes());
+  FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
+                  out.sizes());
+  check_sizes("linear_act_sm90", M, N, K);
+  check_bias(bias, "bias", x, N);
+  if (pre.has_value()) {
+    check_rows(*pre, "pre", x);
+    FUSED_MLP_CHECK(pre->sizes() == out.sizes(), "fused_mlp: pre must be [", M, ", ", N, "], got ", pre->sizes());
+  }
+  if (M == 0 || N == 0) return;
+
+  Params p{};
+  p.out = out.data_ptr();
+  p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
+  p.bg = p.bu = bias.has_value() ? bias->data_ptr() : nullptr;  // both halves of a tile read it
+  p.ldo = out.stride(0);
+  p.ldp = pre.has_value() ? pre->stride(0) : 0;
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+  const CUtensorMap mx = operand_map(x, kBM, "x"), mw = operand_map(weight, 128, "weight");
+  FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
+    if (x.scalar_type() == at::kBFloat16) {
+      launch<__nv_bfloat16, kAct, 128, Epi::kPlainFwd>(mx, mw, mw, p, stream, device);
+    } else {
+      launch<__half, kAct, 128, Epi::kPlainFwd>(mx, mw, mw, p, stream, device);
+    }
+  });
+}
+
 }  // namespace sm90
 }  // namespace fused_mlp
 
@@ -756,4 +814,6 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
   ops.impl("gated_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::gated_gemm_sm90);
   ops.def("dact_gemm_sm90(Tensor(a!) out, Tensor dy, Tensor weight, Tensor pre, int activation, bool gated) -> ()");
   ops.impl("dact_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::dact_gemm_sm90);
+  ops.def("linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation) -> ()");
+  ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);
 }

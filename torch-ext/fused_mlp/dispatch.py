@@ -12,8 +12,9 @@ Paths, by (device, dtype, shape):
                        triton_gemm (fused first GEMM + epilogue, cuBLAS second GEMM; the
                        plain MLP's first GEMM with a bias and gelu_tanh / relu may run as
                        cuBLASLt's epilogue instead, where timing says it is faster; on
-                       sm_90 the gated first GEMM is sm90.py's warp-specialized CUDA kernel
-                       wherever its dtype and layout conditions hold, sm90.usable)
+                       sm_90 the gated first GEMM, the plain one (nn.Linear layout) and the
+                       backward's dh GEMM are sm90.py's warp-specialized CUDA kernels
+                       wherever their dtype and layout conditions hold)
     "triton-interpret" FUSED_MLP_INTERPRET=1 or TRITON_INTERPRET=1, CPU tensors (fp16/bf16/fp32):
                        the same Triton kernels under Triton's interpreter (CI without a GPU)
     "cpu-act-and-mul"  CPU gated MLP, fp16/bf16/fp32, with this build's compiled CPU act_and_mul:

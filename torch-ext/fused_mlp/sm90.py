@@ -2,6 +2,8 @@
 
     gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
         out = act(x Wg^T + bg) * (x Wu^T + bu); pre (optional, [M, 2N]) = g | u
+    linear_act(out, x, weight, bias, pre, activation_id)
+        out = act(x W^T + b) for nn.Linear's weight [N, K]; pre (optional) = x W^T + b
     dact(dy, weight, w_kn, pre, out, activation_id, gated)
         the backward's dh = dy @ W with the activation's derivative as its epilogue
         (triton_gemm.linear_dact's contract, without its h output)
@@ -30,12 +32,17 @@ Tensor = torch.Tensor
 
 _OP = "gated_gemm_sm90"
 _DACT_OP = "dact_gemm_sm90"
+_LINEAR_OP = "linear_act_sm90"
 _DTYPES = (torch.bfloat16, torch.float16)
 
 # The ops only write their out (and pre) arguments: nothing to compute for fake tensors.
 if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_OP)):
     torch.library.register_fake(add_op_namespace_prefix(_OP))(
         lambda out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation, block_n=0: None
+    )
+if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_LINEAR_OP)):
+    torch.library.register_fake(add_op_namespace_prefix(_LINEAR_OP))(
+        lambda out, x, weight, bias, pre, activation: None
     )
 if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DACT_OP)):
     torch.library.register_fake(add_op_namespace_prefix(_DACT_OP))(
@@ -46,7 +53,7 @@ if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DACT_OP)):
 @functools.lru_cache(maxsize=None)
 def _device_ok(index: int) -> bool:
     """This build has the kernels and GPU `index` is sm_90 (H100 / H200)."""
-    return (has_compiled_kernel(_OP, torch.device("cuda")) and has_compiled_kernel(_DACT_OP, torch.device("cuda"))
+    return (all(has_compiled_kernel(op, torch.device("cuda")) for op in (_OP, _DACT_OP, _LINEAR_OP))
             and torch.cuda.get_device_capability(index) == (9, 0))
 
 
@@ -107,4 +114,22 @@ def dact(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activ
     # a transposed copy (D x H elements, ~3 us at d768 on the H200's copy rate).
     w_nk = weight.t().contiguous() if w_kn else weight
     ops.dact_gemm_sm90(out, dy, w_nk, pre, activation_id, gated)
+    return out
+
+
+def linear_usable(x: Tensor, weight: Tensor, w_kn: bool, bias: Optional[Tensor], out: Optional[Tensor],
+                  pre: Optional[Tensor], activation_id: int) -> bool:
+    """Whether linear_act takes these tensors: nn.Linear's layout only (Conv1D's [K, N] is
+    not K-major); out None means a new contiguous [M, N] buffer."""
+    if w_kn or not _wanted(x, activation_id) or weight.shape[0] % 8:
+        return False
+    return (_rows_ok(x) and _rows_ok(weight) and (out is None or _rows_ok(out))
+            and (pre is None or _rows_ok(pre)) and _bias_ok(bias))
+
+
+def linear_act(out: Optional[Tensor], x: Tensor, weight: Tensor, bias: Optional[Tensor], pre: Optional[Tensor],
+               activation_id: int) -> Tensor:
+    if out is None:
+        out = torch.empty((x.shape[0], weight.shape[0]), device=x.device, dtype=x.dtype)
+    ops.linear_act_sm90(out, x, weight, bias, pre, activation_id)
     return out
