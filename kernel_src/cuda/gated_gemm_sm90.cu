@@ -310,6 +310,13 @@ template <typename T, Activation A, int BN, Epi E>
 __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
                                             uint64_t* staged, uint64_t* freed, int tid) {
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
+  constexpr int kItems = 2 * kChunks;  // per thread and tile: 2 halves x kChunks
+  // Items are processed in batches whose loads are all issued before any store: the
+  // compiler cannot move a later item's loads of pre above an earlier item's stores to
+  // out (they may be the same array), so one item at a time would wait a memory latency
+  // per item. 4 items in flight: ~16 KB per SM of g | u loads.
+  constexpr int kBatch = 4;
+  static_assert(kItems % kBatch == 0, "whole batches");
   const T* pre = static_cast<const T*>(p.pre);
   T* out = static_cast<T*>(p.out);
   uint32_t it = 0;
@@ -317,20 +324,33 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
     int m0, n0;
     tile_coords<2 * BN>(t, p, m0, n0);
     bar_wait(staged, it & 1);
-    for (int part = 0; part < 2; ++part) {
-      const T* stg = part == 0 ? stg_g : stg_u;
-      // 4 items in flight per thread: 2 x 16-byte loads of g | u each, ~16 KB per SM
-      // against the ~14 KB a 23 GB/s share of the copy rate needs at DRAM latency.
-#pragma unroll 4
-      for (int i = 0; i < kChunks; ++i) {
-        const int e = tid + 128 * i;
+    for (int i0 = 0; i0 < kItems; i0 += kBatch) {
+      uint4 dv[kBatch], gv[kBatch], uv[kBatch];
+      int64_t off_p[kBatch], off_o[kBatch];
+      bool ok[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int item = i0 + b, part = item / kChunks;
+        const int e = tid + 128 * (item % kChunks);
         const int r = e / kChunks, chunk = e % kChunks;
         const int col = n0 + part * BN + chunk * 8;
         const int m = m0 + r;
-        const uint4 dv = *reinterpret_cast<const uint4*>(stg + r * kStgStride + chunk * 8);
-        if (col >= p.N || m >= p.M) continue;
-        T* orow = out + m * p.ldo + col;
-        const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
+        dv[b] = *reinterpret_cast<const uint4*>((part == 0 ? stg_g : stg_u) + r * kStgStride + chunk * 8);
+        ok[b] = col < p.N && m < p.M;
+        off_p[b] = m * p.ldp + col;
+        off_o[b] = m * p.ldo + col;
+        if constexpr (E != Epi::kPlainFwd) {
+          if (ok[b]) {
+            gv[b] = *reinterpret_cast<const uint4*>(pre + off_p[b]);
+            if constexpr (E == Epi::kGatedDh) uv[b] = *reinterpret_cast<const uint4*>(pre + off_p[b] + p.N);
+          }
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (!ok[b]) continue;
+        T* orow = out + off_o[b];
+        const uint32_t dw[4] = {dv[b].x, dv[b].y, dv[b].z, dv[b].w};
         if constexpr (E == Epi::kPlainFwd) {  // dv is x W1^T + b1, rounded
           uint32_t ow[4];
 #pragma unroll
@@ -339,15 +359,10 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
             ow[k] = pack2<T>(epilogue_act<A>(v.x), epilogue_act<A>(v.y));
           }
           *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
-          if (pre != nullptr) *reinterpret_cast<uint4*>(const_cast<T*>(pre) + m * p.ldp + col) = dv;
-          continue;
-        }
-        const T* prow = pre + m * p.ldp + col;
-        const uint4 gv = *reinterpret_cast<const uint4*>(prow);
-        const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
-        if constexpr (E == Epi::kGatedDh) {
-          const uint4 uv = *reinterpret_cast<const uint4*>(prow + p.N);
-          const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
+          if (pre != nullptr) *reinterpret_cast<uint4*>(const_cast<T*>(pre) + off_p[b]) = dv[b];
+        } else if constexpr (E == Epi::kGatedDh) {
+          const uint32_t gw[4] = {gv[b].x, gv[b].y, gv[b].z, gv[b].w};
+          const uint32_t uw[4] = {uv[b].x, uv[b].y, uv[b].z, uv[b].w};
           uint32_t dgw[4], duw[4];
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
@@ -361,6 +376,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
           *reinterpret_cast<uint4*>(orow) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
           *reinterpret_cast<uint4*>(orow + p.N) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
         } else {
+          const uint32_t gw[4] = {gv[b].x, gv[b].y, gv[b].z, gv[b].w};
           uint32_t ow[4];
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
