@@ -1140,7 +1140,8 @@ DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264)]  #
 @pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
 def test_gpu_sm90_dact(fused_mlp, dtype, act):
     """dact_gemm_sm90 against float64: dh = dy @ W with the derivative epilogue, gated and
-    plain, in place and into a separate buffer (poisoned), on awkward shapes."""
+    plain, W as [K, N] (N-major) and, for the plain MLP, as [N, K] (K-major), in place and
+    into a separate buffer (poisoned), on awkward shapes."""
     need_sm90(fused_mlp)
     acts = fused_mlp.activations
     f, df = acts.torch_activation(act), acts.torch_activation_derivative(act)
@@ -1150,8 +1151,9 @@ def test_gpu_sm90_dact(fused_mlp, dtype, act):
         gen = torch.Generator().manual_seed(i)
         dy = torch.randn(m, k, generator=gen, dtype=torch.float64).to("cuda", dtype)
         w_nk = (torch.randn(n, k, generator=gen, dtype=torch.float64) * k**-0.5).to("cuda", dtype)
+        w_kn = w_nk.t().contiguous()
         dh = dy.double() @ w_nk.double().t()
-        for gated in (True, False):
+        for gated, weight_kn in ((True, True), (False, True), (False, False)):
             pre = torch.randn(m, 2 * n if gated else n, generator=gen, dtype=torch.float64).to("cuda", dtype)
             p64 = pre.double()
             if gated:
@@ -1161,8 +1163,9 @@ def test_gpu_sm90_dact(fused_mlp, dtype, act):
                 want = dh * df(p64)
             for inplace in (False, True):
                 out = pre.clone() if inplace else torch.full_like(pre, float("nan"))
-                fused_mlp.ops.dact_gemm_sm90(out, dy, w_nk, out if inplace else pre, aid, gated)
-                what = f"M={m} K={k} N={n} {act} gated={gated} inplace={inplace}"
+                fused_mlp.ops.dact_gemm_sm90(out, dy, w_kn if weight_kn else w_nk, out if inplace else pre, aid,
+                                             gated, weight_kn)
+                what = f"M={m} K={k} N={n} {act} gated={gated} weight_kn={weight_kn} inplace={inplace}"
                 err = rel_err(out.cpu(), want.cpu())
                 assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
 
@@ -1170,7 +1173,7 @@ def test_gpu_sm90_dact(fused_mlp, dtype, act):
 @pytest.mark.gpu
 def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
     """Training on sm_90 runs the dh kernel through linear_dact (gated and plain MLP, the
-    nn.Linear layout transposed into a K-major copy, Conv1D's as it is); gradients right."""
+    nn.Linear and Conv1D layouts each as they are); gradients right."""
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     sm90 = module(fused_mlp, "sm90")
@@ -1202,12 +1205,16 @@ def test_gpu_sm90_dact_rejects_bad_input(fused_mlp):
     bf = dict(device="cuda", dtype=torch.bfloat16)
     dy, w, pre = torch.randn(64, 64, **bf), torch.randn(64, 64, **bf), torch.randn(64, 128, **bf)
     with pytest.raises(RuntimeError, match="dtype"):
-        op(pre.float(), dy.float(), w.float(), pre.float(), 1, True)
+        op(pre.float(), dy.float(), w.float(), pre.float(), 1, True, True)
     with pytest.raises(RuntimeError, match="pre must be"):
-        op(pre, dy, w, pre, 1, False)
+        op(pre, dy, w, pre, 1, False, True)
     with pytest.raises(RuntimeError, match="out must have"):
-        op(torch.empty(64, 64, **bf), dy, w, pre, 1, True)
+        op(torch.empty(64, 64, **bf), dy, w, pre, 1, True, True)
     with pytest.raises(RuntimeError, match="weight must be"):
-        op(pre, dy, torch.randn(64, 32, **bf), pre, 1, True)
+        op(pre, dy, torch.randn(32, 64, **bf), pre, 1, True, True)
+    with pytest.raises(RuntimeError, match="weight must be"):
+        op(pre[:, :64], dy, torch.randn(64, 32, **bf), pre[:, :64], 1, False, False)
+    with pytest.raises(RuntimeError, match="weight_kn"):
+        op(pre, dy, w, pre, 1, True, False)
     with pytest.raises(RuntimeError, match="activation id"):
-        op(pre, dy, w, pre, 99, True)
+        op(pre, dy, w, pre, 99, True, True)

@@ -127,10 +127,8 @@ def main() -> int:
         res["cublas_dh"] = median_us(lambda: torch.mm(dy, wd))
         res["triton_dact"] = median_us(lambda: tg.linear_dact(dy, wd, True, gu, scratch, aid, gated=True))
         if hasattr(ops, "dact_gemm_sm90"):
-            wd_nk = wd.t().contiguous()
-            res["sm90_dact"] = median_us(lambda: ops.dact_gemm_sm90(scratch, dy, wd_nk, gu, aid, True))
-            res["sm90_dact_with_transpose"] = median_us(
-                lambda: ops.dact_gemm_sm90(scratch, dy, wd.t().contiguous(), gu, aid, True))
+            res["sm90_dact"] = median_us(lambda: ops.dact_gemm_sm90(scratch, dy, wd, gu, aid, True, True))
+            res["sm90_dact_in_place"] = median_us(lambda: ops.dact_gemm_sm90(gu, dy, wd, gu, aid, True, True))
         def tflops(key: str) -> float:  # MFLOP: dh is one GEMM of [M, K] x [K, N]; gate/up two
             return 2 * m * k * n * (1 if ("dh" in key or "dact" in key) else 2) / 1e6
 

@@ -144,6 +144,15 @@ __device__ __forceinline__ uint64_t smem_desc(const void* tile) {
          (uint64_t(1) << 62);
 }
 
+// The same for an N-major B tile (the dh kinds' nn.Linear weight [K, N] as it is): each
+// 64-column block of the tile is 64 K rows of 128 bytes (one TMA box, 8 KB), the blocks
+// 8 KB apart (leading byte offset), 8-row groups along K 1024 bytes apart (stride byte offset).
+__device__ __forceinline__ uint64_t smem_desc_n_major(const void* tile) {
+  const uint64_t addr = smem_addr(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(8192 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -173,27 +182,36 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 // The instruction text: D (+)= A * B from shared-memory descriptors IA and IB; predicate
 // operand IP = 0 overwrites D (the first K step of a tile).
-#define FUSED_MLP_WGMMA_ASM(N, TYPE, REGS, IA, IB, IP)                                      \
+// TB: 1 where B is N-major in shared memory.
+#define FUSED_MLP_WGMMA_ASM(N, TYPE, REGS, IA, IB, IP, TB)                                  \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" IP ", 0;\n"                                           \
   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, %" IA ", %" IB \
-  ", p, 1, 1, 0, 0;\n}\n"
+  ", p, 1, 1, 0, " TB ";\n}\n"
 
-// wgmma m64nBNk16, fp32 accumulators, A and B K-major in shared memory.
-template <typename T, int BN>
+// wgmma m64nBNk16, fp32 accumulators, A K-major and B K-major (or N-major: BNMajor) in
+// shared memory.
+template <typename T, int BN, bool BNMajor>
 __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t accumulate) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   static_assert(BN == 128 || BN == 112, "tile widths: 128 or 112");
-  if constexpr (BN == 128 && kBf16) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66")
+  static_assert(BN == 128 || !BNMajor, "N-major B: 128-column tiles only");
+  if constexpr (BNMajor && kBf16) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "1")
+                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
+  } else if constexpr (BNMajor) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "f16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "1")
+                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
+  } else if constexpr (BN == 128 && kBf16) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "0")
                  : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
   } else if constexpr (BN == 128) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(128, "f16", FUSED_MLP_WGMMA_R64, "64", "65", "66")
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "f16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "0")
                  : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
   } else if constexpr (kBf16) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(112, "bf16", FUSED_MLP_WGMMA_R56, "56", "57", "58")
+    asm volatile(FUSED_MLP_WGMMA_ASM(112, "bf16", FUSED_MLP_WGMMA_R56, "56", "57", "58", "0")
                  : FUSED_MLP_WGMMA_ACC56(d) : "l"(da), "l"(db), "r"(accumulate));
   } else {
-    asm volatile(FUSED_MLP_WGMMA_ASM(112, "f16", FUSED_MLP_WGMMA_R56, "56", "57", "58")
+    asm volatile(FUSED_MLP_WGMMA_ASM(112, "f16", FUSED_MLP_WGMMA_R56, "56", "57", "58", "0")
                  : FUSED_MLP_WGMMA_ACC56(d) : "l"(da), "l"(db), "r"(accumulate));
   }
 }
@@ -394,7 +412,16 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   }
 }
 
-template <typename T, Activation A, int BN, Epi E>
+// L2 prefetch of the saved pre-activations a dh tile's epilogue will read (bulk copies
+// into L2 only; size a multiple of 16 bytes).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(bytes)
+               : "memory");
+}
+
+// BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
+// tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused).
+template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
@@ -402,6 +429,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = Layout<BN>;
   constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
   constexpr bool kFwd = E == Epi::kGatedFwd;
+  constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
+  static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kStages * kStageBytes);
@@ -434,17 +463,39 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
       uint32_t c = 0;
+      // dh kinds: the rows of g | u (or pre) the tile's epilogue reads go to L2 in the
+      // first half of the tile's K steps (a tile's MMAs and staging take longer than a
+      // DRAM round trip), so the epilogue group's loads hit L2: it keeps too few loads in
+      // flight to cover DRAM latency (NOTES, session 9).
+      constexpr int kParts = E == Epi::kGatedDh ? 2 : 1;  // g and u, or pre
+      const int pf_steps = (ksteps + 1) / 2;
+      const int pf_per_step = (kBM * kParts + pf_steps - 1) / pf_steps;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN>(t, p, m0, n0);
+        const uint32_t pf_bytes = static_cast<uint32_t>(min(kTileN, p.N - n0)) * 2;
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
+          if constexpr (kDh) {
+            for (int i = kb * pf_per_step; i < min((kb + 1) * pf_per_step, kBM * kParts); ++i) {
+              const int m = m0 + i % kBM;
+              if (m < p.M)
+                prefetch_l2(static_cast<const T*>(p.pre) + m * p.ldp + n0 + (i / kBM) * p.N, pf_bytes);
+            }
+          }
           const int s = c % kStages;
           bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
           bar_expect_tx(&full[s], kStageBytes);
           uint8_t* st = smem + s * kStageBytes;
           tma_load(st, &map_x, &full[s], kb * kBK, m0);
-          tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0);
-          tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN);
+          if constexpr (BNMajor) {
+            // four 64-column boxes of 64 K rows: columns n0 .. n0 + 255 (both halves)
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+              tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kb * kBK);
+          } else {
+            tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0);
+            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN);
+          }
         }
       }
     }
@@ -476,17 +527,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         bar_wait(&full[s], (c / kStages) & 1);
         const uint8_t* st = smem + s * kStageBytes;
         const uint64_t da = smem_desc(st + half * (kTileBytesX / 2));
-        const uint64_t dg = smem_desc(st + kTileBytesX);
-        const uint64_t du = smem_desc(st + kTileBytesX + L::kTileBytesW);
+        const uint8_t* wt = st + kTileBytesX;
+        const uint64_t dg = BNMajor ? smem_desc_n_major(wt) : smem_desc(wt);
+        const uint64_t du = BNMajor ? smem_desc_n_major(wt + L::kTileBytesW) : smem_desc(wt + L::kTileBytesW);
+        // The next 16 K elements: 32 bytes further along the swizzled rows of a K-major
+        // tile (+2 in the address field), 16 rows of 128 bytes further down an N-major one.
+        constexpr uint64_t kStepB = BNMajor ? (16 * 128) >> 4 : 2;
         fence_regs(acc_g);
         fence_regs(acc_u);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
-          // 16 K elements = 32 bytes further along the swizzled rows: +2 in the address field.
           const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
-          mma<T, BN>(acc_g, da + 2 * kk, dg + 2 * kk, accumulate);
-          mma<T, BN>(acc_u, da + 2 * kk, du + 2 * kk, accumulate);
+          mma<T, BN, BNMajor>(acc_g, da + 2 * kk, dg + kStepB * kk, accumulate);
+          mma<T, BN, BNMajor>(acc_u, da + 2 * kk, du + kStepB * kk, accumulate);
         }
         wgmma_commit();
         fence_regs(acc_g);
@@ -560,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 #else  // not compiled for sm_90a: the host never launches it (gated_gemm_sm90 refuses first)
 
-template <typename T, Activation A, int BN, Epi E>
+template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                   const __grid_constant__ CUtensorMap, const Params) {}
 
@@ -591,6 +645,22 @@ CUtensorMap operand_map(const at::Tensor& t, int box_rows, const char* name) {
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   FUSED_MLP_CHECK(r == CUDA_SUCCESS, "fused_mlp: gated_gemm_sm90 could not describe ", name,
+                  " for the TMA (cuTensorMapEncodeTiled error ", static_cast<int>(r), ")");
+  return map;
+}
+
+// nn.Linear's down weight [K, N] as N-major 64 x 64 boxes (the dh kinds' B operand).
+CUtensorMap n_major_map(const at::Tensor& t, const char* name) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)), static_cast<cuuint64_t>(t.size(0))};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.stride(0)) * 2};
+  const cuuint32_t box[2] = {64, kBK};
+  const cuuint32_t elem[2] = {1, 1};
+  const auto dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode_fn()(&map, dtype, 2, t.data_ptr(), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FUSED_MLP_CHECK(r == CUDA_SUCCESS, "fused_mlp: dact_gemm_sm90 could not describe ", name,
                   " for the TMA (cuTensorMapEncodeTiled error ", static_cast<int>(r), ")");
   return map;
 }
@@ -634,10 +704,10 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
   return cost(112) < cost(128) ? 112 : 128;
 }
 
-template <typename T, Activation A, int BN, Epi E>
+template <typename T, Activation A, int BN, Epi E, bool BNMajor = false>
 void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb1, Params p, cudaStream_t stream,
             int device) {
-  auto kernel = gated_gemm_kernel<T, A, BN, E>;
+  auto kernel = gated_gemm_kernel<T, A, BN, E, BNMajor>;
   constexpr int kSmem = Layout<BN>::kSmemBytes;
   static bool smem_set[64] = {};  // per device; setting it twice in a race is harmless
   if (device >= 64 || !smem_set[device]) {
@@ -732,18 +802,22 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
 // contract as triton_gemm.linear_dact without its h output):
 //   gated: pre = g | u [M, 2N] -> out = dh * u * act'(g) | dh * act(g)   [M, 2N]
 //   plain: pre [M, N]          -> out = dh * act'(pre)                  [M, N]
-// with dh = dy @ weight^T for dy [M, K] and weight [N, K] (K-major: nn.Linear's down weight
-// transposed, or Conv1D's [hidden, out] as it is). out may be pre (in place).
+// with dh = dy @ W for dy [M, K] and W [K, N]: weight is W itself (weight_kn: nn.Linear's
+// down weight [out, hidden], read N-major) or W^T [N, K] (Conv1D's [hidden, out], K-major;
+// plain only). out may be pre (in place).
 void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& pre,
-                    int64_t activation, bool gated) {
+                    int64_t activation, bool gated, bool weight_kn) {
   const int device = check_common("dact_gemm_sm90", dy, "dy", activation);
   const c10::cuda::CUDAGuard guard(dy.device());
   check_rows(dy, "dy", dy);
   check_rows(weight, "weight", dy);
   check_rows(pre, "pre", dy);
   check_rows(out, "out", dy);
-  const int64_t M = dy.size(0), K = dy.size(1), N = weight.size(0);
-  FUSED_MLP_CHECK(weight.size(1) == K, "fused_mlp: weight must be [N, ", K, "] (K-major), got ", weight.sizes());
+  FUSED_MLP_CHECK(weight_kn || !gated, "fused_mlp: dact_gemm_sm90 takes the gated MLP's down weight as [K, N] ",
+                  "(weight_kn=True) only");
+  const int64_t M = dy.size(0), K = dy.size(1), N = weight_kn ? weight.size(1) : weight.size(0);
+  FUSED_MLP_CHECK(weight.size(weight_kn ? 0 : 1) == K, "fused_mlp: weight must be ",
+                  weight_kn ? "[K, N] with K = " : "[N, K] with K = ", K, ", got ", weight.sizes());
   const int64_t width = gated ? 2 * N : N;
   FUSED_MLP_CHECK(pre.size(0) == M && pre.size(1) == width, "fused_mlp: pre must be [", M, ", ", width,
                   "], got ", pre.sizes());
@@ -762,14 +836,17 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-  const CUtensorMap md = operand_map(dy, kBM, "dy"), mw = operand_map(weight, 128, "weight");
+  const CUtensorMap md = operand_map(dy, kBM, "dy");
+  const CUtensorMap mw = weight_kn ? n_major_map(weight, "weight") : operand_map(weight, 128, "weight");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (dy.scalar_type() == at::kBFloat16) {
-      if (gated) launch<__nv_bfloat16, kAct, 128, Epi::kGatedDh>(md, mw, mw, p, stream, device);
-      else launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh>(md, mw, mw, p, stream, device);
+      if (gated) launch<__nv_bfloat16, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
+      else if (weight_kn) launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh, true>(md, mw, mw, p, stream, device);
+      else launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh, false>(md, mw, mw, p, stream, device);
     } else {
-      if (gated) launch<__half, kAct, 128, Epi::kGatedDh>(md, mw, mw, p, stream, device);
-      else launch<__half, kAct, 128, Epi::kPlainDh>(md, mw, mw, p, stream, device);
+      if (gated) launch<__half, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
+      else if (weight_kn) launch<__half, kAct, 128, Epi::kPlainDh, true>(md, mw, mw, p, stream, device);
+      else launch<__half, kAct, 128, Epi::kPlainDh, false>(md, mw, mw, p, stream, device);
     }
   });
 }
@@ -828,7 +905,9 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
       "gated_gemm_sm90(Tensor! out, Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? gate_bias, "
       "Tensor? up_bias, Tensor(a!)? pre, int activation, int block_n=0) -> ()");
   ops.impl("gated_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::gated_gemm_sm90);
-  ops.def("dact_gemm_sm90(Tensor(a!) out, Tensor dy, Tensor weight, Tensor pre, int activation, bool gated) -> ()");
+  ops.def(
+      "dact_gemm_sm90(Tensor(a!) out, Tensor dy, Tensor weight, Tensor pre, int activation, bool gated, "
+      "bool weight_kn) -> ()");
   ops.impl("dact_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::dact_gemm_sm90);
   ops.def("linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation) -> ()");
   ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);

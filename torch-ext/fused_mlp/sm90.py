@@ -46,7 +46,7 @@ if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_LINEAR_OP)):
     )
 if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DACT_OP)):
     torch.library.register_fake(add_op_namespace_prefix(_DACT_OP))(
-        lambda out, dy, weight, pre, activation, gated: None
+        lambda out, dy, weight, pre, activation, gated, weight_kn: None
     )
 
 
@@ -97,23 +97,18 @@ def gate_up(out: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate
 
 def dact_usable(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activation_id: int,
                 gated: bool) -> bool:
-    """Whether dact takes these tensors. weight is read as [K, N] (w_kn: nn.Linear's down
-    weight [out, hidden], which dact transposes into a K-major copy) or [N, K] (Conv1D's
-    [hidden, out], used as it is when its rows are aligned)."""
-    if not _wanted(dy, activation_id):
+    """Whether dact takes these tensors: weight [K, N] (w_kn: nn.Linear's down weight
+    [out, hidden]) or [N, K] (Conv1D's [hidden, out]; the plain MLP only), each read as it
+    is, rows aligned."""
+    if not _wanted(dy, activation_id) or (gated and not w_kn):
         return False
     n = pre.shape[1] // 2 if gated else pre.shape[1]
-    if n % 8 or not all(_rows_ok(t) for t in (dy, pre, out)):
-        return False
-    return w_kn or _rows_ok(weight)
+    return n % 8 == 0 and all(_rows_ok(t) for t in (dy, pre, out, weight))
 
 
 def dact(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activation_id: int,
          gated: bool) -> Tensor:
-    # The kernel's B operand must be K-major: [N, K]. nn.Linear's down weight is [K, N]:
-    # a transposed copy (D x H elements, ~3 us at d768 on the H200's copy rate).
-    w_nk = weight.t().contiguous() if w_kn else weight
-    ops.dact_gemm_sm90(out, dy, w_nk, pre, activation_id, gated)
+    ops.dact_gemm_sm90(out, dy, weight, pre, activation_id, gated, w_kn)
     return out
 
 
