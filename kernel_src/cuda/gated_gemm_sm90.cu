@@ -341,6 +341,23 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
     int m0, n0;
     tile_coords<2 * BN>(t, p, m0, n0);
+    if constexpr (E != Epi::kPlainFwd) {
+      // Every 128-byte line of g | u (or pre) this tile reads, requested into L2 before
+      // the tile is even staged: prefetches hold no registers, so the whole tile (64 KB
+      // gated) is in flight at once and the batches' loads below wait on L2, not DRAM
+      // (with 4 items in flight per thread they covered ~1.4 TB/s: NOTES, session 9).
+      constexpr int kParts = E == Epi::kGatedDh ? 2 : 1;   // g and u, or pre
+      constexpr int kLinesPerRow = 2 * BN * 2 / 128;         // 4 lines of a 256-column row
+      constexpr int kLines = kBM * kParts * kLinesPerRow;
+#pragma unroll
+      for (int j = 0; j < kLines / 128; ++j) {
+        const int line = tid + 128 * j;
+        const int part = line / (kBM * kLinesPerRow), rest = line % (kBM * kLinesPerRow);
+        const int m = m0 + rest / kLinesPerRow, col = n0 + (rest % kLinesPerRow) * 64;
+        if (m < p.M && col < p.N)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(pre + m * p.ldp + part * p.N + col));
+      }
+    }
     bar_wait(staged, it & 1);
     for (int i0 = 0; i0 < kItems; i0 += kBatch) {
       uint4 dv[kBatch], gv[kBatch], uv[kBatch];
@@ -412,13 +429,6 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   }
 }
 
-// L2 prefetch of the saved pre-activations a dh tile's epilogue will read (bulk copies
-// into L2 only; size a multiple of 16 bytes).
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)), "r"(bytes)
-               : "memory");
-}
-
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
@@ -463,25 +473,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
       uint32_t c = 0;
-      // dh kinds: the rows of g | u (or pre) the tile's epilogue reads go to L2 in the
-      // first half of the tile's K steps (a tile's MMAs and staging take longer than a
-      // DRAM round trip), so the epilogue group's loads hit L2: it keeps too few loads in
-      // flight to cover DRAM latency (NOTES, session 9).
-      constexpr int kParts = E == Epi::kGatedDh ? 2 : 1;  // g and u, or pre
-      const int pf_steps = (ksteps + 1) / 2;
-      const int pf_per_step = (kBM * kParts + pf_steps - 1) / pf_steps;
       for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN>(t, p, m0, n0);
-        const uint32_t pf_bytes = static_cast<uint32_t>(min(kTileN, p.N - n0)) * 2;
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
-          if constexpr (kDh) {
-            for (int i = kb * pf_per_step; i < min((kb + 1) * pf_per_step, kBM * kParts); ++i) {
-              const int m = m0 + i % kBM;
-              if (m < p.M)
-                prefetch_l2(static_cast<const T*>(p.pre) + m * p.ldp + n0 + (i / kBM) * p.N, pf_bytes);
-            }
-          }
           const int s = c % kStages;
           bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
           bar_expect_tx(&full[s], kStageBytes);
