@@ -1173,7 +1173,8 @@ def test_gpu_sm90_dact(fused_mlp, dtype, act):
 @pytest.mark.gpu
 def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
     """Training on sm_90 runs the dh kernel through linear_dact (gated and plain MLP, the
-    nn.Linear and Conv1D layouts each as they are); gradients right."""
+    nn.Linear and Conv1D layouts each as they are) where it has a tile per SM, the Triton
+    kernel with fewer; gradients right."""
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     sm90 = module(fused_mlp, "sm90")
@@ -1182,6 +1183,11 @@ def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
     monkeypatch.setattr(sm90, "dact", lambda *a: calls.append(a[2]) or real(*a))
     d, h, o = ODD
     t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=31)
+    # 7 x 2 tiles: fewer than the SMs, so the Triton kernel
+    check_grads(grads_gated(fused_mlp, t, "gelu_tanh"), ref_grads_gated(fused_mlp, t, "gelu_tanh"),
+                TOL[torch.bfloat16], "few tiles")
+    assert calls == []
+    monkeypatch.setattr(sm90, "_sm_count", lambda index: 1)  # the same shapes taken as enough tiles
     check_grads(grads_gated(fused_mlp, t, "gelu_tanh"), ref_grads_gated(fused_mlp, t, "gelu_tanh"),
                 TOL[torch.bfloat16], "gated")
     assert calls == [True]

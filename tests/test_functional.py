@@ -1024,7 +1024,8 @@ def test_gpu_sm90_linear_act(fused_mlp, dtype, act):
 @pytest.mark.gpu
 def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
     """On sm_90 the plain MLP's first GEMM (nn.Linear layout) runs linear_act_sm90, ahead
-    of cuBLASLt; Conv1D's layout keeps the other candidates. Both right."""
+    of cuBLASLt, where it has a tile per SM; Conv1D's layout and fewer tiles keep the other
+    candidates. All right."""
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
@@ -1033,9 +1034,11 @@ def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
     real = sm90.linear_act
     monkeypatch.setattr(sm90, "linear_act", lambda *a: calls.append(a[1].shape) or real(*a))
     d, h, o = ODD
-    for layout, want in (("linear", 1), ("conv1d", 0)):
+    for layout, sms, want in (("linear", None, 0), ("linear", 1, 1), ("conv1d", 1, 0)):
         calls.clear()
+        if sms is not None:  # 7 x 2 tiles at M = 777: enough only for 1 SM
+            monkeypatch.setattr(sm90, "_sm_count", lambda index: sms)
         p = make_plain(777, d, h, o, torch.bfloat16, "cuda", True, layout, seed=41)
         check(run_plain(fused_mlp, p, "gelu_tanh", layout).cpu(), ref_plain(fused_mlp, p, "gelu_tanh", layout),
               TOL[torch.bfloat16], layout)
-        assert len(calls) == want, layout
+        assert len(calls) == want, (layout, sms)

@@ -57,6 +57,17 @@ def _device_ok(index: int) -> bool:
             and torch.cuda.get_device_capability(index) == (9, 0))
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _fills_gpu(a: Tensor, n: int) -> bool:
+    """At least one 128 x 256 output tile per SM for the wide kinds (dact, linear_act)."""
+    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    return -(-a.shape[0] // 128) * -(-n // 256) >= _sm_count(index)
+
+
 def _rows_ok(t: Tensor) -> bool:
     return t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
 
@@ -99,10 +110,14 @@ def dact_usable(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor
                 gated: bool) -> bool:
     """Whether dact takes these tensors: weight [K, N] (w_kn: nn.Linear's down weight
     [out, hidden]) or [N, K] (Conv1D's [hidden, out]; the plain MLP only), each read as it
-    is, rows aligned."""
+    is, rows aligned, and at least one 128 x 256 tile per SM: with fewer (SwiGLU's
+    M = 128: 56 tiles) the Triton kernel's smaller tiles are faster (47.9 against 67.8 us,
+    NOTES, session 9)."""
     if not _wanted(dy, activation_id) or (gated and not w_kn):
         return False
     n = pre.shape[1] // 2 if gated else pre.shape[1]
+    if not _fills_gpu(dy, n):
+        return False
     return n % 8 == 0 and all(_rows_ok(t) for t in (dy, pre, out, weight))
 
 
@@ -115,8 +130,9 @@ def dact(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activ
 def linear_usable(x: Tensor, weight: Tensor, w_kn: bool, bias: Optional[Tensor], out: Optional[Tensor],
                   pre: Optional[Tensor], activation_id: int) -> bool:
     """Whether linear_act takes these tensors: nn.Linear's layout only (Conv1D's [K, N] is
-    not K-major); out None means a new contiguous [M, N] buffer."""
-    if w_kn or not _wanted(x, activation_id) or weight.shape[0] % 8:
+    not K-major), one tile per SM at least (as for dact; measured for dact only); out None
+    means a new contiguous [M, N] buffer."""
+    if w_kn or not _wanted(x, activation_id) or weight.shape[0] % 8 or not _fills_gpu(x, weight.shape[0]):
         return False
     return (_rows_ok(x) and _rows_ok(weight) and (out is None or _rows_ok(out))
             and (pre is None or _rows_ok(pre)) and _bias_ok(bias))
