@@ -21,6 +21,10 @@
 //   WG3  epilogue: reads g and u of the staged tile row by row, applies act(g) * u in
 //        fp32 and stores h (16-byte stores along rows), plus g | u when training. It
 //        overlaps the MMA warp groups' next tile.
+// The same kernel with other epilogues serves three more kinds (Epi below): the backward's
+// dh GEMM with the activation's derivative (gated and plain; its epilogue group also reads
+// the saved pre-activations, which it first requests into L2), and the plain MLP's first
+// GEMM + bias + activation.
 // g and u are rounded to the input dtype before the activation, as eager PyTorch,
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
 //
