@@ -632,56 +632,42 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A [rows, K] row-major operand as box_rows x 64-column boxes with the 128-byte swizzle.
-CUtensorMap operand_map(const at::Tensor& t, int box_rows, const char* name) {
+// A row-major 2-D tensor as boxes of box_rows x box_cols elements with the 128-byte
+// swizzle: the K-major operands as box_rows x 64 (one 128-byte row of K per box row), the
+// dh kinds' [K, N] weight as 64 x 64 N-major boxes.
+CUtensorMap tensor_map(const at::Tensor& t, int box_cols, int box_rows, const char* name) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)), static_cast<cuuint64_t>(t.size(0))};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.stride(0)) * 2};
-  const cuuint32_t box[2] = {kBK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
   const auto dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode_fn()(&map, dtype, 2, t.data_ptr(), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  FUSED_MLP_CHECK(r == CUDA_SUCCESS, "fused_mlp: gated_gemm_sm90 could not describe ", name,
+  FUSED_MLP_CHECK(r == CUDA_SUCCESS, "fused_mlp: the sm_90a kernel could not describe ", name,
                   " for the TMA (cuTensorMapEncodeTiled error ", static_cast<int>(r), ")");
   return map;
 }
 
-// nn.Linear's down weight [K, N] as N-major 64 x 64 boxes (the dh kinds' B operand).
-CUtensorMap n_major_map(const at::Tensor& t, const char* name) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)), static_cast<cuuint64_t>(t.size(0))};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.stride(0)) * 2};
-  const cuuint32_t box[2] = {64, kBK};
-  const cuuint32_t elem[2] = {1, 1};
-  const auto dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  const CUresult r = encode_fn()(&map, dtype, 2, t.data_ptr(), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  FUSED_MLP_CHECK(r == CUDA_SUCCESS, "fused_mlp: dact_gemm_sm90 could not describe ", name,
-                  " for the TMA (cuTensorMapEncodeTiled error ", static_cast<int>(r), ")");
-  return map;
-}
-
-void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
+void check_rows(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
   FUSED_MLP_CHECK(t.device() == x.device(), "fused_mlp: ", name, " is on ", t.device(), " but x is on ", x.device());
   FUSED_MLP_CHECK(t.scalar_type() == x.scalar_type(), "fused_mlp: ", name, " has dtype ", t.scalar_type(),
                   " but x has ", x.scalar_type());
-  FUSED_MLP_CHECK(t.dim() == 2 && t.stride(1) == 1, "fused_mlp: gated_gemm_sm90 needs ", name,
+  FUSED_MLP_CHECK(t.dim() == 2 && t.stride(1) == 1, "fused_mlp: ", op, " needs ", name,
                   " 2-D with unit column stride, got shape ", t.sizes(), " strides ", t.strides());
   FUSED_MLP_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
-                  "fused_mlp: gated_gemm_sm90 needs ", name, "'s rows 16-byte aligned, got row stride ", t.stride(0));
+                  "fused_mlp: ", op, " needs ", name, "'s rows 16-byte aligned, got row stride ", t.stride(0));
 }
 
-void check_bias(const c10::optional<at::Tensor>& b, const char* name, const at::Tensor& x, int64_t n) {
+void check_bias(const char* op, const c10::optional<at::Tensor>& b, const char* name, const at::Tensor& x, int64_t n) {
   if (!b.has_value()) return;
   FUSED_MLP_CHECK(b->device() == x.device() && b->scalar_type() == x.scalar_type(), "fused_mlp: ", name,
                   " must be on x's device with x's dtype, got ", b->device(), " ", b->scalar_type());
   FUSED_MLP_CHECK(b->dim() == 1 && b->size(0) == n && b->stride(0) == 1, "fused_mlp: ", name,
                   " must be a contiguous [", n, "] vector, got shape ", b->sizes());
   FUSED_MLP_CHECK(reinterpret_cast<uintptr_t>(b->data_ptr()) % 16 == 0, "fused_mlp: ", name,
-                  " must be 16-byte aligned for gated_gemm_sm90");
+                  " must be 16-byte aligned for ", op);
 }
 
 int sm_count(int device) {
@@ -751,10 +737,10 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
                   "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
   const int device = check_common("gated_gemm_sm90", x, "x", activation);
   const c10::cuda::CUDAGuard guard(x.device());
-  check_rows(x, "x", x);
-  check_rows(gate_weight, "gate_weight", x);
-  check_rows(up_weight, "up_weight", x);
-  check_rows(out, "out", x);
+  check_rows("gated_gemm_sm90", x, "x", x);
+  check_rows("gated_gemm_sm90", gate_weight, "gate_weight", x);
+  check_rows("gated_gemm_sm90", up_weight, "up_weight", x);
+  check_rows("gated_gemm_sm90", out, "out", x);
   const int64_t M = x.size(0), K = x.size(1), N = gate_weight.size(0);
   FUSED_MLP_CHECK(gate_weight.size(1) == K && up_weight.size(0) == N && up_weight.size(1) == K,
                   "fused_mlp: gate_weight ", gate_weight.sizes(), " and up_weight ", up_weight.sizes(),
@@ -762,10 +748,10 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
                   out.sizes());
   check_sizes("gated_gemm_sm90", M, N, K);
-  check_bias(gate_bias, "gate_bias", x, N);
-  check_bias(up_bias, "up_bias", x, N);
+  check_bias("gated_gemm_sm90", gate_bias, "gate_bias", x, N);
+  check_bias("gated_gemm_sm90", up_bias, "up_bias", x, N);
   if (pre.has_value()) {
-    check_rows(*pre, "pre", x);
+    check_rows("gated_gemm_sm90", *pre, "pre", x);
     FUSED_MLP_CHECK(pre->size(0) == M && pre->size(1) == 2 * N, "fused_mlp: pre must be [", M, ", ", 2 * N,
                     "], got ", pre->sizes());
   }
@@ -784,8 +770,8 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
   const int bn = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sm_count(device));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-  const CUtensorMap mx = operand_map(x, kBM, "x"), mg = operand_map(gate_weight, bn, "gate_weight"),
-                    mu = operand_map(up_weight, bn, "up_weight");
+  const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mg = tensor_map(gate_weight, kBK, bn, "gate_weight"),
+                    mu = tensor_map(up_weight, kBK, bn, "up_weight");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (x.scalar_type() == at::kBFloat16) {
       if (bn == 112) launch<__nv_bfloat16, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
@@ -808,10 +794,10 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
                     int64_t activation, bool gated, bool weight_kn) {
   const int device = check_common("dact_gemm_sm90", dy, "dy", activation);
   const c10::cuda::CUDAGuard guard(dy.device());
-  check_rows(dy, "dy", dy);
-  check_rows(weight, "weight", dy);
-  check_rows(pre, "pre", dy);
-  check_rows(out, "out", dy);
+  check_rows("dact_gemm_sm90", dy, "dy", dy);
+  check_rows("dact_gemm_sm90", weight, "weight", dy);
+  check_rows("dact_gemm_sm90", pre, "pre", dy);
+  check_rows("dact_gemm_sm90", out, "out", dy);
   FUSED_MLP_CHECK(weight_kn || !gated, "fused_mlp: dact_gemm_sm90 takes the gated MLP's down weight as [K, N] ",
                   "(weight_kn=True) only");
   const int64_t M = dy.size(0), K = dy.size(1), N = weight_kn ? weight.size(1) : weight.size(0);
@@ -835,8 +821,8 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-  const CUtensorMap md = operand_map(dy, kBM, "dy");
-  const CUtensorMap mw = weight_kn ? n_major_map(weight, "weight") : operand_map(weight, 128, "weight");
+  const CUtensorMap md = tensor_map(dy, kBK, kBM, "dy");
+  const CUtensorMap mw = weight_kn ? tensor_map(weight, 64, kBK, "weight") : tensor_map(weight, kBK, 128, "weight");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (dy.scalar_type() == at::kBFloat16) {
       if (gated) launch<__nv_bfloat16, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
@@ -857,17 +843,17 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
                      int64_t activation) {
   const int device = check_common("linear_act_sm90", x, "x", activation);
   const c10::cuda::CUDAGuard guard(x.device());
-  check_rows(x, "x", x);
-  check_rows(weight, "weight", x);
-  check_rows(out, "out", x);
+  check_rows("linear_act_sm90", x, "x", x);
+  check_rows("linear_act_sm90", weight, "weight", x);
+  check_rows("linear_act_sm90", out, "out", x);
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
   FUSED_MLP_CHECK(weight.size(1) == K, "fused_mlp: weight must be [N, ", K, "], got ", weight.sizes());
   FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
                   out.sizes());
   check_sizes("linear_act_sm90", M, N, K);
-  check_bias(bias, "bias", x, N);
+  check_bias("linear_act_sm90", bias, "bias", x, N);
   if (pre.has_value()) {
-    check_rows(*pre, "pre", x);
+    check_rows("linear_act_sm90", *pre, "pre", x);
     FUSED_MLP_CHECK(pre->sizes() == out.sizes(), "fused_mlp: pre must be [", M, ", ", N, "], got ", pre->sizes());
   }
   if (M == 0 || N == 0) return;
@@ -883,7 +869,7 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-  const CUtensorMap mx = operand_map(x, kBM, "x"), mw = operand_map(weight, 128, "weight");
+  const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mw = tensor_map(weight, kBK, 128, "weight");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (x.scalar_type() == at::kBFloat16) {
       launch<__nv_bfloat16, kAct, 128, Epi::kPlainFwd>(mx, mw, mw, p, stream, device);
