@@ -8,12 +8,13 @@
         the backward's dh = dy @ W with the activation's derivative as its epilogue
         (triton_gemm.linear_dact's contract, without its h output)
 
-Builds include it only for sm_90a (build.toml's `fused_mlp_sm90` kernel); triton_gemm's
-gated forward calls it instead of its Triton kernel wherever `usable` says yes, and
-FUSED_MLP_SM90=0 turns it off (and FUSED_MLP_FAST_TANH=0, for the activations it computes
-through tanh.approx). The kernel takes bf16 / fp16 tensors with unit column
-stride and 16-byte aligned rows and N a multiple of 8; everything else (fp32, odd
-strides or offsets, other GPUs, builds without it) stays on the Triton kernel.
+Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). triton_gemm
+calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
+`usable`, `linear_usable` or `dact_usable` says yes; FUSED_MLP_SM90=0 turns them off (and
+FUSED_MLP_FAST_TANH=0, for the activations they compute through tanh.approx). They take
+bf16 / fp16 tensors with unit column stride, 16-byte aligned rows and N a multiple of 8;
+everything else (fp32, odd strides or offsets, other GPUs, builds without them) stays on
+the Triton kernels (or cuBLASLt's epilogue).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def switched_off(activation_id: int) -> bool:
 
 
 def _wanted(x: Tensor, activation_id: int) -> bool:
-    """The conditions both kernels share: 16-bit CUDA tensors on an sm_90 GPU with this
+    """The conditions all three kinds share: 16-bit CUDA tensors on an sm_90 GPU with this
     build's kernels, not switched off (switched_off)."""
     if x.dtype not in _DTYPES or not x.is_cuda or switched_off(activation_id):
         return False
