@@ -7,6 +7,7 @@ tools/test.sh builds the variant for the installed torch and stages it into
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -62,6 +63,25 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """An output buffer full of NaN, so that an unwritten element fails the check."""
     return torch.full_like(t, float("nan"))
+
+
+def need_sm90(fm) -> None:
+    """Skip unless the GPU is sm_90 and this build has the sm_90a kernels (one file
+    registers all three ops)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a kernels run on sm_90 GPUs only")
+    has = importlib.import_module(fm.__name__ + ".act_and_mul").has_compiled_kernel
+    if not has("gated_gemm_sm90", torch.device("cuda")):
+        pytest.skip("this build has no sm_90a kernels")
+
+
+def spy(monkeypatch, mod, name: str, key) -> list:
+    """Wrap mod.<name> so that every call appends key(args) to the returned list and then
+    runs the real function."""
+    calls = []
+    real = getattr(mod, name)
+    monkeypatch.setattr(mod, name, lambda *a: calls.append(key(a)) or real(*a))
+    return calls
 
 
 def kernel_variants(cfg, tma_flags) -> list:

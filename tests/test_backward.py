@@ -30,7 +30,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import kernel_variants, rel_err
+from conftest import kernel_variants, need_sm90, rel_err, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float64: 1e-12}
@@ -1125,13 +1125,6 @@ def test_fast_tanh_is_default_for_16_bit_only(fused_mlp, monkeypatch):
 # ----------------------------------------------------------------------------- sm_90a dh kernel
 
 
-def need_sm90(fm):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a kernels run on sm_90 GPUs only")
-    if not module(fm, "act_and_mul").has_compiled_kernel("dact_gemm_sm90", torch.device("cuda")):
-        pytest.skip("this build has no sm_90a kernels")
-
-
 DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264)]  # (M, K = model dim, N = hidden)
 
 
@@ -1178,9 +1171,7 @@ def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     sm90 = module(fused_mlp, "sm90")
-    calls = []
-    real = sm90.dact
-    monkeypatch.setattr(sm90, "dact", lambda *a: calls.append(a[2]) or real(*a))
+    calls = spy(monkeypatch, sm90, "dact", lambda a: a[2])  # w_kn
     d, h, o = ODD
     t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=31)
     # 7 x 2 tiles: fewer than the SMs, so the Triton kernel

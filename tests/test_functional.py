@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from conftest import kernel_variants, rel_err
+from conftest import kernel_variants, need_sm90, rel_err, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 # Relative (Frobenius) error bounds against the float64 reference.
@@ -887,14 +887,6 @@ def sm90_module(fm):
     return importlib.import_module(fm.__name__ + ".sm90")
 
 
-def need_sm90(fm):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a gate/up kernel runs on sm_90 GPUs only")
-    has = importlib.import_module(fm.__name__ + ".act_and_mul").has_compiled_kernel
-    if not has("gated_gemm_sm90", torch.device("cuda")):
-        pytest.skip("this build has no sm_90a kernel")
-
-
 SM90_SHAPES = [(1, 64, 8), (3, 200, 136), (777, 520, 1000), (300, 1000, 264)]  # (M, K, N)
 
 
@@ -936,9 +928,7 @@ def test_gpu_sm90_is_dispatched_with_fallbacks(fused_mlp, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
     sm90 = sm90_module(fused_mlp)
-    calls = []
-    real = sm90.gate_up
-    monkeypatch.setattr(sm90, "gate_up", lambda *a: calls.append(a[1].shape) or real(*a))
+    calls = spy(monkeypatch, sm90, "gate_up", lambda a: a[1].shape)  # x's shape
     d, h, o = ODD
     t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=21)
     check(run_gated(fused_mlp, t, "gelu_tanh").cpu(), ref_gated(fused_mlp, t, "gelu_tanh"), TOL[torch.bfloat16], "sm90")
@@ -1030,9 +1020,7 @@ def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
     sm90 = sm90_module(fused_mlp)
-    calls = []
-    real = sm90.linear_act
-    monkeypatch.setattr(sm90, "linear_act", lambda *a: calls.append(a[1].shape) or real(*a))
+    calls = spy(monkeypatch, sm90, "linear_act", lambda a: a[1].shape)  # x's shape
     d, h, o = ODD
     for layout, sms, want in (("linear", None, 0), ("linear", 1, 1), ("conv1d", 1, 0)):
         calls.clear()

@@ -118,8 +118,10 @@ def main() -> int:
         bu = torch.randn(n, device="cuda", dtype=dtype)
         res["triton_infer_bias"] = median_us(lambda: tg.gated_linear(x, wg, wu, bg, bu, aid, out=out))
         res["sm90_infer_bias"] = median_us(lambda: ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, None, aid))
-        # The backward's dh GEMM with the derivative epilogue (in place, on a scratch copy of
-        # g | u so that every run reads the same values), and cuBLAS's bare dy @ Wd.
+        # The backward's dh GEMM with the derivative epilogue into a scratch buffer (every run
+        # reads the same g | u), the same in place (last: it overwrites g | u, whose values
+        # then drift from run to run; the timing does not depend on them), and cuBLAS's
+        # bare dy @ Wd.
         wd = torch.randn(k, n, device="cuda", dtype=dtype) / n**0.5  # down weight [dim, hidden]
         dy = torch.randn(m, k, device="cuda", dtype=dtype)
         gu = torch.randn(m, 2 * n, device="cuda", dtype=dtype)

@@ -82,8 +82,9 @@ struct Layout {
 //              out = dh * u * act'(g) | dh * act(g)
 //   kPlainDh   dh = dy W2; out = dh * act'(pre)               tile: 128 x 2 BN of dh
 //   kPlainFwd  out = act(x W1^T + b1) (pre = x W1^T + b1)    tile: 128 x 2 BN of out
-// In the last three the two B operands of the main loop are the two BN-row halves of one
-// weight tile ([N, K], K-major), and the two accumulators two halves of the output tile.
+// In the last three the two B operands of the main loop are the two BN-column halves of
+// one weight tile (K-major [N, K] rows, or for the dh kinds N-major [K, N] boxes: BNMajor),
+// and the two accumulators two halves of the output tile.
 enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3 };
 
 struct Params {
@@ -347,9 +348,12 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
     tile_coords<2 * BN>(t, p, m0, n0);
     if constexpr (E != Epi::kPlainFwd) {
       // Every 128-byte line of g | u (or pre) this tile reads, requested into L2 before
-      // the tile is even staged: prefetches hold no registers, so the whole tile (64 KB
-      // gated) is in flight at once and the batches' loads below wait on L2, not DRAM
-      // (with 4 items in flight per thread they covered ~1.4 TB/s: NOTES, session 9).
+      // the tile is even staged (prefetches hold no registers, so the whole tile is in
+      // flight at once). Meant to turn the batches' loads below into L2 hits; measured,
+      // it changed nothing at d768 (113.6-119.3 us against 114.6 without it, in runs that
+      // also differ in the weight layout: NOTES, session 9). Kept because every number
+      // recorded for this kernel is with it; removing it is the next session's first
+      // measurement.
       constexpr int kParts = E == Epi::kGatedDh ? 2 : 1;   // g and u, or pre
       constexpr int kLinesPerRow = 2 * BN * 2 / 128;         // 4 lines of a 256-column row
       constexpr int kLines = kBM * kParts * kLinesPerRow;
@@ -651,9 +655,10 @@ CUtensorMap tensor_map(const at::Tensor& t, int box_cols, int box_rows, const ch
 }
 
 void check_rows(const char* op, const at::Tensor& t, const char* name, const at::Tensor& x) {
-  FUSED_MLP_CHECK(t.device() == x.device(), "fused_mlp: ", name, " is on ", t.device(), " but x is on ", x.device());
-  FUSED_MLP_CHECK(t.scalar_type() == x.scalar_type(), "fused_mlp: ", name, " has dtype ", t.scalar_type(),
-                  " but x has ", x.scalar_type());
+  FUSED_MLP_CHECK(t.device() == x.device(), "fused_mlp: ", op, ": ", name, " is on ", t.device(),
+                  " but the first input is on ", x.device());
+  FUSED_MLP_CHECK(t.scalar_type() == x.scalar_type(), "fused_mlp: ", op, ": ", name, " has dtype ",
+                  t.scalar_type(), " but the first input has ", x.scalar_type());
   FUSED_MLP_CHECK(t.dim() == 2 && t.stride(1) == 1, "fused_mlp: ", op, " needs ", name,
                   " 2-D with unit column stride, got shape ", t.sizes(), " strides ", t.strides());
   FUSED_MLP_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,

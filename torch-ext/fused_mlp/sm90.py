@@ -63,10 +63,13 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _index(t: Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
 def _fills_gpu(a: Tensor, n: int) -> bool:
     """At least one 128 x 256 output tile per SM for the wide kinds (dact, linear_act)."""
-    index = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    return -(-a.shape[0] // 128) * -(-n // 256) >= _sm_count(index)
+    return -(-a.shape[0] // 128) * -(-n // 256) >= _sm_count(_index(a))
 
 
 def _rows_ok(t: Tensor) -> bool:
@@ -89,7 +92,7 @@ def _wanted(x: Tensor, activation_id: int) -> bool:
     build's kernels, not switched off (switched_off)."""
     if x.dtype not in _DTYPES or not x.is_cuda or switched_off(activation_id):
         return False
-    return _device_ok(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    return _device_ok(_index(x))
 
 
 def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
