@@ -8,7 +8,11 @@
 
 #include <cmath>
 
+// Standalone probes (benchmarks/micro) build without torch; FUSED_MLP_CHECK and with it
+// FUSED_MLP_DISPATCH_ACTIVATION need check.h.
+#ifndef FUSED_MLP_NO_TORCH
 #include "check.h"
+#endif
 
 #if defined(__CUDACC__)
 #define FUSED_MLP_HD __host__ __device__ __forceinline__

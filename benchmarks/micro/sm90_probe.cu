@@ -1,0 +1,179 @@
+// Standalone timing of the sm_90a dh kernel (dact_gemm_sm90's gated kind) without torch, so
+// that variants of its epilogue can be compiled on a machine without a GPU and only run on
+// the device. The variants are the FUSED_MLP_SM90_* switches of gated_gemm_sm90_kernel.cuh:
+//
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
+//        -Ikernel_src/common -Ikernel_src/cuda [-DFUSED_MLP_SM90_DH_PREFETCH=2] \
+//        -o .probe/dh_base benchmarks/micro/sm90_probe.cu
+//   .probe/dh_base [label]
+//
+// For each shape (GeGLU d768: M 8192, K 768, N 3072, gelu_tanh; SwiGLU d4096: M 4096,
+// K 4096, N 14336, silu) it checks 512 sampled outputs against a float64 host computation
+// (skipped for the probe variants that do not compute the result), then times 40 runs of
+// [256 MiB memset to flush L2; event; kernel; event] and prints the median and minimum.
+#include "gated_gemm_sm90_kernel.cuh"
+
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+using bf16 = __nv_bfloat16;
+using fused_mlp::Activation;
+namespace s = fused_mlp::sm90;
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode() {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult status;
+  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
+  if (status != cudaDriverEntryPointSuccess || ptr == nullptr) std::exit(2);
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+}
+
+// Row-major [rows, cols] bf16 as box_rows x box_cols boxes, 128-byte swizzle (as the ops do).
+static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  if (encode()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
+    std::exit(2);
+  }
+  return m;
+}
+
+static float bf(bf16 v) { return __bfloat162float(v); }
+static double round_bf(double v) { return bf(__float2bfloat16(static_cast<float>(v))); }
+
+static void act_grad(Activation a, double x, double& f, double& d) {
+  if (a == Activation::kSilu) {
+    const double sg = 1.0 / (1.0 + std::exp(-x));
+    f = x * sg;
+    d = sg * (1.0 + x * (1.0 - sg));
+  } else {  // gelu_tanh
+    const double k = 0.7978845608028654, c = 0.044715;
+    const double t = std::tanh(k * (x + c * x * x * x));
+    f = 0.5 * x * (1.0 + t);
+    d = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+  }
+}
+
+template <Activation A>
+static void run(const char* label, const char* shape, int M, int K, int N) {
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<bf16> dy(size_t(M) * K), w(size_t(K) * N), pre(size_t(M) * 2 * N);
+  const float ws = 1.0f / std::sqrt(float(K));
+  for (auto& v : dy) v = __float2bfloat16(nd(rng));
+  for (auto& v : w) v = __float2bfloat16(nd(rng) * ws);
+  for (auto& v : pre) v = __float2bfloat16(nd(rng));
+  bf16 *d_dy, *d_w, *d_pre, *d_out;
+  CK(cudaMalloc(&d_dy, dy.size() * 2));
+  CK(cudaMalloc(&d_w, w.size() * 2));
+  CK(cudaMalloc(&d_pre, pre.size() * 2));
+  CK(cudaMalloc(&d_out, pre.size() * 2));
+  CK(cudaMemcpy(d_dy, dy.data(), dy.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_w, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_pre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
+  void* flush;
+  const size_t flush_bytes = size_t(256) << 20;
+  CK(cudaMalloc(&flush, flush_bytes));
+
+  const CUtensorMap md = map2d(d_dy, M, K, s::kBK, s::kBM);
+  const CUtensorMap mw = map2d(d_w, K, N, 64, s::kBK);
+  s::Params p{};
+  p.out = d_out;
+  p.pre = d_pre;
+  p.ldo = p.ldp = 2 * N;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.tiles_m = (M + s::kBM - 1) / s::kBM;
+  p.tiles_n = (N + 255) / 256;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto kernel = s::gated_gemm_kernel<bf16, A, 128, s::Epi::kGatedDh, true>;
+  constexpr int kSmem = s::Layout<128>::kSmemBytes;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int grid = std::min(p.tiles_m * p.tiles_n, sms);
+
+  CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
+  kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  int bad = 0;
+  double worst = 0.0;
+  if (FUSED_MLP_SM90_PROBE == 0) {
+    std::vector<bf16> out(pre.size());
+    CK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
+    std::uniform_int_distribution<int> um(0, M - 1), un(0, N - 1);
+    for (int i = 0; i < 512; ++i) {
+      const int m = um(rng), n = un(rng);
+      double dh = 0.0;
+      for (int k = 0; k < K; ++k) dh += double(bf(dy[size_t(m) * K + k])) * bf(w[size_t(k) * N + n]);
+      dh = round_bf(dh);  // the kernel rounds dh to bf16 in its staging tile
+      const double g = bf(pre[size_t(m) * 2 * N + n]), u = bf(pre[size_t(m) * 2 * N + N + n]);
+      double f, d;
+      act_grad(A, g, f, d);
+      const double want[2] = {dh * u * d, dh * f};
+      const double got[2] = {bf(out[size_t(m) * 2 * N + n]), bf(out[size_t(m) * 2 * N + N + n])};
+      for (int j = 0; j < 2; ++j) {
+        const double err = std::fabs(got[j] - want[j]) / (std::fabs(want[j]) + 0.05);
+        worst = std::max(worst, err);
+        if (!(err < 0.03)) ++bad;
+      }
+    }
+  }
+
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < 43; ++r) {
+    CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
+    CK(cudaEventRecord(e0));
+    kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 3) ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2] * 1e3, lo = ms[0] * 1e3;
+  const double flops = 2.0 * M * K * double(N), bytes = 2.0 * (2.0 * M * 2.0 * N + double(M) * K + double(K) * N);
+  std::printf("[probe] %-22s %-14s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
+              label, shape, med, lo, flops / med * 1e-6, bytes / med * 1e-6,
+              FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
+  cudaFree(d_dy);
+  cudaFree(d_w);
+  cudaFree(d_pre);
+  cudaFree(d_out);
+  cudaFree(flush);
+}
+
+int main(int argc, char** argv) {
+  const char* label = argc > 1 ? argv[1] : "variant";
+  run<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072);
+  run<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336);
+  run<Activation::kSilu>(label, "swiglu_m512", 512, 4096, 14336);
+  return 0;
+}

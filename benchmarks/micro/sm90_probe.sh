@@ -1,0 +1,60 @@
+#!/bin/bash
+# Builds and runs the dh epilogue variants of benchmarks/micro/sm90_probe.cu.
+#   bash benchmarks/micro/sm90_probe.sh build   # needs only nvcc (no GPU): binaries in .probe/
+#   bash benchmarks/micro/sm90_probe.sh run     # on the H200: one line per variant and shape
+# Each variant is the set of FUSED_MLP_SM90_* switches after its name (see the kernel header).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+VARIANTS=(
+  "base"
+  "pf0      -DFUSED_MLP_SM90_DH_PREFETCH=0"
+  "pf2      -DFUSED_MLP_SM90_DH_PREFETCH=2"
+  "noload   -DFUSED_MLP_SM90_DH_PREFETCH=0 -DFUSED_MLP_SM90_PROBE=1"
+  "nostore  -DFUSED_MLP_SM90_PROBE=2"
+  "empty    -DFUSED_MLP_SM90_PROBE=3"
+  "mma168   -DFUSED_MLP_SM90_REGS_MMA=168"
+  "b8pf0    -DFUSED_MLP_SM90_DH_PREFETCH=0 -DFUSED_MLP_SM90_DH_BATCH=8 -DFUSED_MLP_SM90_REGS_MMA=168 -DFUSED_MLP_SM90_REGS_EPI=136"
+  "b8pf2    -DFUSED_MLP_SM90_DH_PREFETCH=2 -DFUSED_MLP_SM90_DH_BATCH=8 -DFUSED_MLP_SM90_REGS_MMA=168 -DFUSED_MLP_SM90_REGS_EPI=136"
+)
+[ -n "${PROBE_VARIANTS:-}" ] && mapfile -t VARIANTS < <(printf '%s\n' "${PROBE_VARIANTS}" | tr ';' '\n')
+NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
+case "${1:-}" in
+  build)
+    mkdir -p .probe
+    for v in "${VARIANTS[@]}"; do
+      read -r name flags <<<"$v"
+      # shellcheck disable=SC2086
+      "$NVCC" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH -Ikernel_src/common \
+        -Ikernel_src/cuda -Xptxas -v $flags -o ".probe/$name" benchmarks/micro/sm90_probe.cu 2>&1 |
+        grep -E "error|spill stores" | sort -u | sed "s/^/[$name] /"
+    done
+    ;;
+  run)
+    nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
+    for v in "${VARIANTS[@]}"; do
+      read -r name flags <<<"$v"
+      echo "[variant] $name: ${flags:-defaults}"
+      ".probe/$name" "$name"
+    done
+    # cuBLAS on the same products (the GEMM alone, no epilogue), timed the same way.
+    python3 - <<'PY' || true
+import torch
+flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+for shape, (m, k, n) in {"geglu_d768": (8192, 768, 3072), "swiglu_m4096": (4096, 4096, 14336),
+                         "swiglu_m512": (512, 4096, 14336)}.items():
+    dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for r in range(43):
+        flush.fill_(r)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); torch.mm(dy, w, out=out); b.record(); b.synchronize()
+        if r >= 3: times.append(a.elapsed_time(b) * 1e3)
+    times.sort()
+    print(f"[probe] {'cublas_gemm':<22} {shape:<14} median {times[len(times)//2]:7.1f} us  min {times[0]:7.1f}"
+          f"  (torch {torch.__version__})")
+PY
+    ;;
+  *) echo "usage: $0 build|run" >&2; exit 2 ;;
+esac

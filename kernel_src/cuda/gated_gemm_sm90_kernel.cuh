@@ -1,0 +1,676 @@
+// Gated gate/up GEMM for Hopper (sm_90a), warp-specialized:
+//
+//   h[m, n] = act(x[m] . gate_weight[n] + bg[n]) * (x[m] . up_weight[n] + bu[n])
+//   (and, for training, pre[m, :N] = g, pre[m, N:] = u)
+//
+// Why a CUDA kernel beside the Triton one: at d768 the Triton kernel (one 128 x 128
+// gate + up tile per program, no warp specialization on sm_90 in Triton 3.6) runs each
+// tile's epilogue after its last MMA with nothing to overlap it, ~10% of a tile
+// (benchmarks/NOTES.md, sessions 7 and 8). Here the epilogue runs in a warp group of its
+// own while the MMA warp groups already compute the next tile.
+//
+// One persistent CTA per SM, 512 threads in four warp groups:
+//   WG0  producer: one thread issues the TMA loads of x [128 x 64], Wg [BN x 64] and
+//        Wu [BN x 64] per K step into a ring of kStages stages (128-byte swizzle).
+//   WG1, WG2  MMA: each owns 64 rows of the 128 x BN tile and keeps two fp32
+//        accumulators (gate and up, 64 x BN each: BN registers per thread), filled by
+//        wgmma m64nBNk16 straight from shared memory. BN is 128, or 112 where that
+//        fills the SMs better (pick_block_n). After the last K step they add the
+//        biases, round g and u to the input dtype and write them into a staging tile in
+//        shared memory (stmatrix), then go on with the next tile.
+//   WG3  epilogue: reads g and u of the staged tile row by row, applies act(g) * u in
+//        fp32 and stores h (16-byte stores along rows), plus g | u when training. It
+//        overlaps the MMA warp groups' next tile.
+// The same kernel with other epilogues serves three more kinds (Epi below): the backward's
+// dh GEMM with the activation's derivative (gated and plain; its epilogue group also reads
+// the saved pre-activations, which it first requests into L2), and the plain MLP's first
+// GEMM + bias + activation.
+// g and u are rounded to the input dtype before the activation, as eager PyTorch,
+// torch.compile and Liger round them (their GEMMs write g and u in that dtype).
+//
+// Synchronization is by mbarriers: full/empty per ring stage (TMA transaction counts),
+// staged/free for the staging tile. Registers move between the groups with setmaxnreg
+// (producer 40, epilogue 88, MMA 192 per thread).
+//
+// Requirements (checked on the host, anything else takes the Triton path): sm_90,
+// bf16 or fp16, x / weights / out / pre with unit column stride, row strides and base
+// addresses 16-byte aligned, N a multiple of 8. M, N and K need not be multiples of the
+// tile: the TMA loads fill out-of-range rows and columns with zeros and the epilogue
+// masks its stores.
+//
+// This header holds the device code only (no torch): gated_gemm_sm90.cu includes it for
+// the ops, and benchmarks/micro/sm90_probe.cu for standalone timing experiments.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "activations.h"
+
+namespace fused_mlp {
+namespace sm90 {
+
+constexpr int kBM = 128;  // rows of x per tile (two MMA warp groups of 64)
+constexpr int kBK = 64;   // K per stage: 64 x 2 bytes = one 128-byte swizzle row
+constexpr int kStages = 3;
+constexpr int kThreads = 512;
+constexpr int kGroupM = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
+constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
+
+// Shared memory of a tile BN columns of h wide (BN = 128, or 112 where 128-column tiles
+// leave SMs idle: see pick_block_n).
+template <int BN>
+struct Layout {
+  static constexpr int kTileBytesW = BN * kBK * 2;                  // Wg or Wu per stage
+  static constexpr int kStageBytes = kTileBytesX + 2 * kTileBytesW;  // 48 KB / 44 KB
+  static constexpr int kStgStride = BN + 8;   // staging row: 272 / 240 bytes, no bank conflicts
+  static constexpr int kStgBytes = kBM * kStgStride * 2;
+  static constexpr int kBarOffset = kStages * kStageBytes + 2 * kStgBytes;
+  static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + barriers + alignment slack
+  static_assert(kTileBytesW % 1024 == 0, "swizzled tiles must stay 1024-byte aligned");
+};
+
+// What a kernel computes around its GEMM (the main loop is the same for all three):
+//   kGatedFwd  h = act(x Wg^T + bg) * (x Wu^T + bu)          tile: 128 x BN of h
+//   kGatedDh   dh = dy Wd (never stored); pre = g | u ->      tile: 128 x 2 BN of dh
+//              out = dh * u * act'(g) | dh * act(g)
+//   kPlainDh   dh = dy W2; out = dh * act'(pre)               tile: 128 x 2 BN of dh
+//   kPlainFwd  out = act(x W1^T + b1) (pre = x W1^T + b1)    tile: 128 x 2 BN of out
+// In the last three the two B operands of the main loop are the two BN-column halves of
+// one weight tile (K-major [N, K] rows, or for the dh kinds N-major [K, N] boxes: BNMajor),
+// and the two accumulators two halves of the output tile.
+enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3 };
+
+struct Params {
+  void* out;
+  void* pre;            // forward: nullptr, or [M, 2N] receiving g | u; dh: the saved pre-activations
+  const void* bg;       // nullptr or [N]
+  const void* bu;
+  int64_t ldo;
+  int64_t ldp;
+  int M, N, K;
+  int tiles_m, tiles_n;
+};
+
+// Experiment switches for the dh epilogue (benchmarks/micro/sm90_probe.cu builds variants
+// with -D; the ops are built with the defaults).
+//   FUSED_MLP_SM90_DH_PREFETCH  0: no L2 prefetch of g | u; 1: tile t's lines just before
+//                               waiting for tile t; 2: tile t + grid's lines while tile t runs
+//   FUSED_MLP_SM90_PROBE        0: as shipped; 1: no loads of g | u (the staged dh stands in);
+//                               2: no stores (kept only behind a test the data never passes);
+//                               3: the epilogue group only waits and releases the staging tile
+#ifndef FUSED_MLP_SM90_DH_PREFETCH
+#define FUSED_MLP_SM90_DH_PREFETCH 1
+#endif
+#ifndef FUSED_MLP_SM90_PROBE
+#define FUSED_MLP_SM90_PROBE 0
+#endif
+//   FUSED_MLP_SM90_DH_BATCH     items whose loads are issued together (default 4)
+//   FUSED_MLP_SM90_REGS_MMA / _EPI  setmaxnreg of the MMA and epilogue groups (192 / 88;
+//                               40 + 2 x MMA + EPI must stay within 512)
+#ifndef FUSED_MLP_SM90_DH_BATCH
+#define FUSED_MLP_SM90_DH_BATCH 4
+#endif
+#ifndef FUSED_MLP_SM90_REGS_MMA
+#define FUSED_MLP_SM90_REGS_MMA 192
+#endif
+#ifndef FUSED_MLP_SM90_REGS_EPI
+#define FUSED_MLP_SM90_REGS_EPI 88
+#endif
+#define FUSED_MLP_STR2(x) #x
+#define FUSED_MLP_STR(x) FUSED_MLP_STR2(x)
+static_assert(40 + 2 * FUSED_MLP_SM90_REGS_MMA + FUSED_MLP_SM90_REGS_EPI <= 512, "register split over 64K");
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FUSED_MLP_SM90_DEVICE 1
+#endif
+
+#if defined(FUSED_MLP_SM90_DEVICE)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int k, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout the
+// TMA wrote: rows of 128 bytes, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t smem_desc(const void* tile) {
+  const uint64_t addr = smem_addr(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// The same for an N-major B tile (the dh kinds' nn.Linear weight [K, N] as it is): each
+// 64-column block of the tile is 64 K rows of 128 bytes (one TMA box, 8 KB), the blocks
+// 8 KB apart (leading byte offset), 8-row groups along K 1024 bytes apart (stride byte offset).
+__device__ __forceinline__ uint64_t smem_desc_n_major(const void* tile) {
+  const uint64_t addr = smem_addr(tile);
+  return ((addr & 0x3FFFF) >> 4) | (uint64_t(8192 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The accumulator registers of an m64nNk16 wgmma (N / 2 per thread: 56 for N = 112, 64
+// for N = 128): the instruction's register list and the matching asm operands.
+#define FUSED_MLP_WGMMA_R56 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
+#define FUSED_MLP_WGMMA_R64 FUSED_MLP_WGMMA_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSED_MLP_WGMMA_ACC56(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+#define FUSED_MLP_WGMMA_ACC64(d) FUSED_MLP_WGMMA_ACC56(d), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+// The instruction text: D (+)= A * B from shared-memory descriptors IA and IB; predicate
+// operand IP = 0 overwrites D (the first K step of a tile).
+// TB: 1 where B is N-major in shared memory.
+#define FUSED_MLP_WGMMA_ASM(N, TYPE, REGS, IA, IB, IP, TB)                                  \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" IP ", 0;\n"                                           \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, %" IA ", %" IB \
+  ", p, 1, 1, 0, " TB ";\n}\n"
+
+// wgmma m64nBNk16, fp32 accumulators, A K-major and B K-major (or N-major: BNMajor) in
+// shared memory.
+template <typename T, int BN, bool BNMajor>
+__device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t accumulate) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(BN == 128 || BN == 112, "tile widths: 128 or 112");
+  static_assert(BN == 128 || !BNMajor, "N-major B: 128-column tiles only");
+  if constexpr (BNMajor && kBf16) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "1")
+                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
+  } else if constexpr (BNMajor) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "f16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "1")
+                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
+  } else if constexpr (BN == 128 && kBf16) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "0")
+                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
+  } else if constexpr (BN == 128) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(128, "f16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "0")
+                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
+  } else if constexpr (kBf16) {
+    asm volatile(FUSED_MLP_WGMMA_ASM(112, "bf16", FUSED_MLP_WGMMA_R56, "56", "57", "58", "0")
+                 : FUSED_MLP_WGMMA_ACC56(d) : "l"(da), "l"(db), "r"(accumulate));
+  } else {
+    asm volatile(FUSED_MLP_WGMMA_ASM(112, "f16", FUSED_MLP_WGMMA_R56, "56", "57", "58", "0")
+                 : FUSED_MLP_WGMMA_ACC56(d) : "l"(da), "l"(db), "r"(accumulate));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
+  } else {
+    return __half22float2(*reinterpret_cast<__half2*>(&v));
+  }
+}
+
+// Accumulators 8j .. 8j+7 (n8 blocks 2j and 2j+1 of the wgmma layout) plus their columns'
+// biases (bias0 / bias1: the thread's bf16 / fp16 pair in each block), rounded and stored
+// as four 8 x 8 matrices of the staging tile; addr is this lane's row of its matrix.
+template <typename T, int N>
+__device__ __forceinline__ void stage_pair(uint32_t addr, const float (&acc)[N], int j, uint32_t bias0,
+                                           uint32_t bias1) {
+  const float2 b0 = unpack2<T>(bias0), b1 = unpack2<T>(bias1);
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(pack2<T>(acc[8 * j + 0] + b0.x, acc[8 * j + 1] + b0.y)),
+               "r"(pack2<T>(acc[8 * j + 2] + b0.x, acc[8 * j + 3] + b0.y)),
+               "r"(pack2<T>(acc[8 * j + 4] + b1.x, acc[8 * j + 5] + b1.y)),
+               "r"(pack2<T>(acc[8 * j + 6] + b1.x, acc[8 * j + 7] + b1.y))
+               : "memory");
+}
+
+__device__ __forceinline__ float tanh_approx(float v) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(v));
+  return y;
+}
+
+// The sigmoid-based activations through one tanh.approx (sigmoid(v) = (1 + tanh(v/2)) / 2),
+// as the Triton kernels compute them for 16-bit outputs; the others as activations.h.
+template <Activation A>
+__device__ __forceinline__ float epilogue_act(float v) {
+  if constexpr (A == Activation::kSilu) {
+    const float hv = 0.5f * v;
+    return hv + hv * tanh_approx(hv);
+  } else if constexpr (A == Activation::kGeluTanh) {
+    const float hv = 0.5f * v;
+    return hv + hv * tanh_approx(0.7978845608028654f * (v + 0.044715f * v * v * v));
+  } else if constexpr (A == Activation::kQuickGelu) {
+    const float hv = 0.5f * v;
+    return hv + hv * tanh_approx(0.851f * v);
+  } else {
+    return activate<A>(v);
+  }
+}
+
+// (act(x), act'(x)) for the dh epilogue: the derivatives of the Triton backward
+// (triton_gemm._activation_and_grad), with its tanh.approx forms for the sigmoid-based ones.
+template <Activation A>
+__device__ __forceinline__ void act_and_grad(float x, float& a, float& d) {
+  if constexpr (A == Activation::kSilu) {
+    const float s = 0.5f + 0.5f * tanh_approx(0.5f * x);
+    a = x * s;
+    d = s * (1.0f + x * (1.0f - s));
+  } else if constexpr (A == Activation::kGeluTanh) {
+    const float s = 0.5f + 0.5f * tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x));
+    a = x * s;
+    d = s + x * s * (1.0f - s) * (1.5957691216057308f * (1.0f + 0.134145f * x * x));
+  } else if constexpr (A == Activation::kGelu) {
+    const float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
+    a = x * cdf;
+    d = cdf + x * __expf(-0.5f * x * x) * 0.3989422804014327f;  // + x * pdf(x)
+  } else if constexpr (A == Activation::kRelu) {
+    a = x > 0.0f ? x : 0.0f;
+    d = x > 0.0f ? 1.0f : 0.0f;
+  } else if constexpr (A == Activation::kRelu2) {
+    const float r = x > 0.0f ? x : 0.0f;
+    a = r * r;
+    d = 2.0f * r;
+  } else if constexpr (A == Activation::kQuickGelu) {
+    const float s = 0.5f + 0.5f * tanh_approx(0.851f * x);
+    a = x * s;
+    d = s + 1.702f * x * s * (1.0f - s);
+  } else {
+    a = x;
+    d = 1.0f;
+  }
+}
+
+template <int BN>
+__device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int& n0) {
+  const int per_group = kGroupM * p.tiles_n;
+  const int first_m = (t / per_group) * kGroupM;
+  const int rows = min(p.tiles_m - first_m, kGroupM);
+  const int r = t % per_group;
+  m0 = (first_m + r % rows) * kBM;
+  n0 = (r / rows) * BN;
+}
+
+// The epilogue group of the kinds with a 2 BN-column tile. The staged tile holds the GEMM's
+// result in two BN-column halves, rounded to the input dtype (as eager's dh and
+// x W1^T + b1 are). dh kinds: each item reads 8 columns of a row of dh and the saved
+// pre-activations at the same place (16-byte loads) and stores the gradient(s); out may
+// be pre itself (every element is read and then written by the same thread). kPlainFwd:
+// each item stores act of 8 columns, and the columns themselves into pre if given.
+template <typename T, Activation A, int BN, Epi E>
+__device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
+                                            uint64_t* staged, uint64_t* freed, int tid) {
+  constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
+  constexpr int kItems = 2 * kChunks;  // per thread and tile: 2 halves x kChunks
+  // Items are processed in batches whose loads are all issued before any store: the
+  // compiler cannot move a later item's loads of pre above an earlier item's stores to
+  // out (they may be the same array), so one item at a time would wait a memory latency
+  // per item. 4 items in flight: ~16 KB per SM of g | u loads.
+  constexpr int kBatch = FUSED_MLP_SM90_DH_BATCH;
+  static_assert(kItems % kBatch == 0, "whole batches");
+  const T* pre = static_cast<const T*>(p.pre);
+  T* out = static_cast<T*>(p.out);
+  // Every 128-byte line of g | u (or pre) tile t reads, requested into L2 (prefetches hold
+  // no registers, so a whole tile can be in flight at once).
+  const auto prefetch = [&](int t) {
+    constexpr int kParts = E == Epi::kGatedDh ? 2 : 1;   // g and u, or pre
+    constexpr int kLinesPerRow = 2 * BN * 2 / 128;         // 4 lines of a 256-column row
+    constexpr int kLines = kBM * kParts * kLinesPerRow;
+    int m0, n0;
+    tile_coords<2 * BN>(t, p, m0, n0);
+#pragma unroll
+    for (int j = 0; j < kLines / 128; ++j) {
+      const int line = tid + 128 * j;
+      const int part = line / (kBM * kLinesPerRow), rest = line % (kBM * kLinesPerRow);
+      const int m = m0 + rest / kLinesPerRow, col = n0 + (rest % kLinesPerRow) * 64;
+      if (m < p.M && col < p.N) asm volatile("prefetch.global.L2 [%0];" ::"l"(pre + m * p.ldp + part * p.N + col));
+    }
+  };
+  uint32_t it = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+    int m0, n0;
+    tile_coords<2 * BN>(t, p, m0, n0);
+    if constexpr (E != Epi::kPlainFwd) {
+#if FUSED_MLP_SM90_DH_PREFETCH == 1
+      prefetch(t);
+#elif FUSED_MLP_SM90_DH_PREFETCH == 2
+      if (it == 0) prefetch(t);
+      if (t + static_cast<int>(gridDim.x) < tiles) prefetch(t + gridDim.x);
+#endif
+    }
+    bar_wait(staged, it & 1);
+#if FUSED_MLP_SM90_PROBE == 3
+    bar_arrive(freed);
+    continue;
+#endif
+    for (int i0 = 0; i0 < kItems; i0 += kBatch) {
+      uint4 dv[kBatch], gv[kBatch], uv[kBatch];
+      int64_t off_p[kBatch], off_o[kBatch];
+      bool ok[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int item = i0 + b, part = item / kChunks;
+        const int e = tid + 128 * (item % kChunks);
+        const int r = e / kChunks, chunk = e % kChunks;
+        const int col = n0 + part * BN + chunk * 8;
+        const int m = m0 + r;
+        dv[b] = *reinterpret_cast<const uint4*>((part == 0 ? stg_g : stg_u) + r * kStgStride + chunk * 8);
+        ok[b] = col < p.N && m < p.M;
+        off_p[b] = m * p.ldp + col;
+        off_o[b] = m * p.ldo + col;
+        if constexpr (E != Epi::kPlainFwd) {
+          if (ok[b]) {
+#if FUSED_MLP_SM90_PROBE == 1
+            gv[b] = uv[b] = dv[b];
+#else
+            gv[b] = *reinterpret_cast<const uint4*>(pre + off_p[b]);
+            if constexpr (E == Epi::kGatedDh) uv[b] = *reinterpret_cast<const uint4*>(pre + off_p[b] + p.N);
+#endif
+          }
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (!ok[b]) continue;
+        T* orow = out + off_o[b];
+        const uint32_t dw[4] = {dv[b].x, dv[b].y, dv[b].z, dv[b].w};
+        if constexpr (E == Epi::kPlainFwd) {  // dv is x W1^T + b1, rounded
+          uint32_t ow[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 v = unpack2<T>(dw[k]);
+            ow[k] = pack2<T>(epilogue_act<A>(v.x), epilogue_act<A>(v.y));
+          }
+          *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+          if (pre != nullptr) *reinterpret_cast<uint4*>(const_cast<T*>(pre) + off_p[b]) = dv[b];
+        } else if constexpr (E == Epi::kGatedDh) {
+          const uint32_t gw[4] = {gv[b].x, gv[b].y, gv[b].z, gv[b].w};
+          const uint32_t uw[4] = {uv[b].x, uv[b].y, uv[b].z, uv[b].w};
+          uint32_t dgw[4], duw[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 dh = unpack2<T>(dw[k]), g = unpack2<T>(gw[k]), u = unpack2<T>(uw[k]);
+            float a0, d0, a1, d1;
+            act_and_grad<A>(g.x, a0, d0);
+            act_and_grad<A>(g.y, a1, d1);
+            dgw[k] = pack2<T>(dh.x * u.x * d0, dh.y * u.y * d1);
+            duw[k] = pack2<T>(dh.x * a0, dh.y * a1);
+          }
+#if FUSED_MLP_SM90_PROBE == 2
+          if (dgw[0] == 0x7fc17fc1u && duw[0] == 0x7fc17fc1u)
+#endif
+          {
+            *reinterpret_cast<uint4*>(orow) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+            *reinterpret_cast<uint4*>(orow + p.N) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+          }
+        } else {
+          const uint32_t gw[4] = {gv[b].x, gv[b].y, gv[b].z, gv[b].w};
+          uint32_t ow[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 dh = unpack2<T>(dw[k]), x = unpack2<T>(gw[k]);
+            float a0, d0, a1, d1;
+            act_and_grad<A>(x.x, a0, d0);
+            act_and_grad<A>(x.y, a1, d1);
+            ow[k] = pack2<T>(dh.x * d0, dh.y * d1);
+          }
+          *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+        }
+      }
+    }
+    bar_arrive(freed);
+  }
+}
+
+// BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
+// tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused).
+template <typename T, Activation A, int BN, Epi E, bool BNMajor>
+__global__ void __launch_bounds__(kThreads, 1)
+    gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
+                      const __grid_constant__ CUtensorMap map_u, const Params p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  using L = Layout<BN>;
+  constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
+  constexpr bool kFwd = E == Epi::kGatedFwd;
+  constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
+  static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
+  constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  T* stg_g = reinterpret_cast<T*>(smem + kStages * kStageBytes);
+  T* stg_u = stg_g + kBM * kStgStride;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
+  uint64_t* empty = full + kStages;
+  uint64_t* staged = empty + kStages;
+  uint64_t* freed = staged + 1;
+
+  const int wg = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], 2);  // one arrival per MMA warp group
+    }
+    bar_init(staged, 256);     // every MMA thread
+    bar_init(freed, 128);      // every epilogue thread
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int tiles = p.tiles_m * p.tiles_n;
+  const int ksteps = (p.K + kBK - 1) / kBK;
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
+      uint32_t c = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        tile_coords<kTileN>(t, p, m0, n0);
+        for (int kb = 0; kb < ksteps; ++kb, ++c) {
+          const int s = c % kStages;
+          bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
+          bar_expect_tx(&full[s], kStageBytes);
+          uint8_t* st = smem + s * kStageBytes;
+          tma_load(st, &map_x, &full[s], kb * kBK, m0);
+          if constexpr (BNMajor) {
+            // four 64-column boxes of 64 K rows: columns n0 .. n0 + 255 (both halves)
+#pragma unroll
+            for (int b = 0; b < 4; ++b)
+              tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kb * kBK);
+          } else {
+            tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0);
+            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN);
+          }
+        }
+      }
+    }
+  } else if (wg <= 2) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_REGS_MMA) ";\n");
+    const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
+    const int warp = tid / 32, lane = tid % 32;
+    float acc_g[BN / 2], acc_u[BN / 2];
+    const T* bg = static_cast<const T*>(p.bg);
+    const T* bu = static_cast<const T*>(p.bu);
+    uint32_t c = 0, it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+      // The biases of this thread's accumulator columns (8 j + 2 (lane % 4) + {0, 1} of
+      // n8 block j), loaded now so the loads' latency hides behind the K loop; added to
+      // the fp32 accumulators before g and u are rounded once, as cuBLAS's bias epilogue.
+      int m0, n0;
+      tile_coords<kTileN>(t, p, m0, n0);
+      uint32_t bias_g[BN / 8], bias_u[BN / 8];
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + 8 * j + 2 * (lane % 4);
+        const int col_u = kFwd ? col : col + BN;  // the second accumulator's columns
+        // N is a multiple of 8: col + 1 is in too
+        bias_g[j] = (!kDh && col < p.N && bg != nullptr) ? *reinterpret_cast<const uint32_t*>(bg + col) : 0u;
+        bias_u[j] = (!kDh && col_u < p.N && bu != nullptr) ? *reinterpret_cast<const uint32_t*>(bu + col_u) : 0u;
+      }
+      for (int kb = 0; kb < ksteps; ++kb, ++c) {
+        const int s = c % kStages;
+        bar_wait(&full[s], (c / kStages) & 1);
+        const uint8_t* st = smem + s * kStageBytes;
+        const uint64_t da = smem_desc(st + half * (kTileBytesX / 2));
+        const uint8_t* wt = st + kTileBytesX;
+        const uint64_t dg = BNMajor ? smem_desc_n_major(wt) : smem_desc(wt);
+        const uint64_t du = BNMajor ? smem_desc_n_major(wt + L::kTileBytesW) : smem_desc(wt + L::kTileBytesW);
+        // The next 16 K elements: 32 bytes further along the swizzled rows of a K-major
+        // tile (+2 in the address field), 16 rows of 128 bytes further down an N-major one.
+        constexpr uint64_t kStepB = BNMajor ? (16 * 128) >> 4 : 2;
+        fence_regs(acc_g);
+        fence_regs(acc_u);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
+          mma<T, BN, BNMajor>(acc_g, da + 2 * kk, dg + kStepB * kk, accumulate);
+          mma<T, BN, BNMajor>(acc_u, da + 2 * kk, du + kStepB * kk, accumulate);
+        }
+        wgmma_commit();
+        fence_regs(acc_g);
+        fence_regs(acc_u);
+        wgmma_wait<1>();
+        if (kb > 0 && tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
+      }
+      wgmma_wait<0>();
+      fence_regs(acc_g);
+      fence_regs(acc_u);
+      if (tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
+
+      // Hand g and u to the epilogue group through the staging tile.
+      bar_wait(freed, (it & 1) ^ 1);
+      const int q = lane / 8;
+      const int row = half * 64 + warp * 16 + (q & 1) * 8 + lane % 8;
+#pragma unroll
+      for (int j = 0; j < BN / 16; ++j) {
+        const int col = (2 * j + (q >> 1)) * 8;
+        const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
+        const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
+        stage_pair<T>(ag, acc_g, j, bias_g[2 * j], bias_g[2 * j + 1]);
+        stage_pair<T>(au, acc_u, j, bias_u[2 * j], bias_u[2 * j + 1]);
+      }
+      bar_arrive(staged);
+    }
+  } else {
+#if FUSED_MLP_SM90_REGS_EPI > 128
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_REGS_EPI) ";\n");
+#else
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_REGS_EPI) ";\n");
+#endif
+    if constexpr (kFwd) {
+      // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
+      // chunks per row): consecutive threads store consecutive 16 bytes of a row.
+      constexpr int kChunks = BN / 8;
+      uint32_t it = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+        int m0, n0;
+        tile_coords<kTileN>(t, p, m0, n0);
+        bar_wait(staged, it & 1);
+  #pragma unroll 2
+        for (int i = 0; i < kChunks; ++i) {
+          const int e = tid + 128 * i;
+          const int r = e / kChunks, chunk = e % kChunks;
+          const int col = n0 + chunk * 8;
+          const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
+          const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
+          const int m = m0 + r;
+          if (col >= p.N || m >= p.M) continue;
+          const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+          const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
+          uint32_t hw[4];
+  #pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 g = unpack2<T>(gw[k]);
+            const float2 u = unpack2<T>(uw[k]);
+            hw[k] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+          }
+          T* out = static_cast<T*>(p.out) + m * p.ldo + col;
+          *reinterpret_cast<uint4*>(out) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+          if (p.pre != nullptr) {  // g | u as staged (biases included)
+            T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
+            *reinterpret_cast<uint4*>(pre) = gv;
+            *reinterpret_cast<uint4*>(pre + p.N) = uv;
+          }
+        }
+        bar_arrive(freed);
+      }
+    } else {
+      wide_epilogue<T, A, BN, E>(p, tiles, stg_g, stg_u, staged, freed, tid);
+    }
+  }
+}
+
+#else  // not compiled for sm_90a: the host never launches it (gated_gemm_sm90 refuses first)
+
+template <typename T, Activation A, int BN, Epi E, bool BNMajor>
+__global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
+                                  const __grid_constant__ CUtensorMap, const Params) {}
+
+#endif
+
+}  // namespace sm90
+}  // namespace fused_mlp
