@@ -58,7 +58,6 @@ namespace sm90 {
 constexpr int kBM = 128;  // rows of x per tile (two MMA warp groups of 64)
 constexpr int kBK = 64;   // K per stage: 64 x 2 bytes = one 128-byte swizzle row
 constexpr int kStages = 3;
-constexpr int kThreads = 512;
 constexpr int kGroupM = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
 constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 
@@ -97,34 +96,34 @@ struct Params {
   int tiles_m, tiles_n;
 };
 
-// Experiment switches for the dh epilogue (benchmarks/micro/sm90_probe.cu builds variants
-// with -D; the ops are built with the defaults).
-//   FUSED_MLP_SM90_DH_PREFETCH  0: no L2 prefetch of g | u; 1: tile t's lines just before
-//                               waiting for tile t; 2: tile t + grid's lines while tile t runs
+// Warp groups in the epilogue: two for the dh kinds, whose epilogue moves 4 x the bytes of
+// the forward kinds' (g | u in, dg | du out), one elsewhere. With two, the register split is
+// producer 24, MMA 168, epilogue 72 (x 128 threads: 64512 of 65536); with one, 40 / 192 / 88.
+#ifndef FUSED_MLP_SM90_DH_EPI_GROUPS
+#define FUSED_MLP_SM90_DH_EPI_GROUPS 2
+#endif
+template <Epi E>
+__host__ __device__ constexpr int epi_groups() {
+  return (E == Epi::kGatedDh || E == Epi::kPlainDh) ? FUSED_MLP_SM90_DH_EPI_GROUPS : 1;
+}
+template <Epi E>
+__host__ __device__ constexpr int threads_of() {
+  return 128 * (3 + epi_groups<E>());
+}
+
+// Experiment switches (benchmarks/micro/sm90_probe.cu builds variants of the dh kind with
+// -D; the ops are built with the defaults):
 //   FUSED_MLP_SM90_PROBE        0: as shipped; 1: no loads of g | u (the staged dh stands in);
 //                               2: no stores (kept only behind a test the data never passes);
-//                               3: the epilogue group only waits and releases the staging tile
-#ifndef FUSED_MLP_SM90_DH_PREFETCH
-#define FUSED_MLP_SM90_DH_PREFETCH 1
-#endif
+//                               3: the epilogue groups only wait and release the staging tile;
+//                               5: no arithmetic in the dh epilogue (dg | du = g | u ^ dh)
+//   FUSED_MLP_SM90_PROBE_NOMAIN 1: no main loop (no TMA loads, no MMAs; zeros are staged)
 #ifndef FUSED_MLP_SM90_PROBE
 #define FUSED_MLP_SM90_PROBE 0
 #endif
-//   FUSED_MLP_SM90_DH_BATCH     items whose loads are issued together (default 4)
-//   FUSED_MLP_SM90_REGS_MMA / _EPI  setmaxnreg of the MMA and epilogue groups (192 / 88;
-//                               40 + 2 x MMA + EPI must stay within 512)
-#ifndef FUSED_MLP_SM90_DH_BATCH
-#define FUSED_MLP_SM90_DH_BATCH 4
+#ifndef FUSED_MLP_SM90_PROBE_NOMAIN
+#define FUSED_MLP_SM90_PROBE_NOMAIN 0
 #endif
-#ifndef FUSED_MLP_SM90_REGS_MMA
-#define FUSED_MLP_SM90_REGS_MMA 192
-#endif
-#ifndef FUSED_MLP_SM90_REGS_EPI
-#define FUSED_MLP_SM90_REGS_EPI 88
-#endif
-#define FUSED_MLP_STR2(x) #x
-#define FUSED_MLP_STR(x) FUSED_MLP_STR2(x)
-static_assert(40 + 2 * FUSED_MLP_SM90_REGS_MMA + FUSED_MLP_SM90_REGS_EPI <= 512, "register split over 64K");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FUSED_MLP_SM90_DEVICE 1
@@ -312,6 +311,26 @@ __device__ __forceinline__ float epilogue_act(float v) {
 // (triton_gemm._activation_and_grad), with its tanh.approx forms for the sigmoid-based ones.
 template <Activation A>
 __device__ __forceinline__ void act_and_grad(float x, float& a, float& d) {
+#ifndef FUSED_MLP_SM90_OLD_GRAD
+  if constexpr (A == Activation::kSilu) {
+    // s = sigmoid(x) = (1 + tanh(x / 2)) / 2, a = x s, d = s + a (1 - s)
+    const float th = tanh_approx(0.5f * x);
+    const float s = fmaf(0.5f, th, 0.5f);
+    a = x * s;
+    d = fmaf(a, fmaf(-0.5f, th, 0.5f), s);
+    return;
+  } else if constexpr (A == Activation::kGeluTanh) {
+    // t = tanh(k (x + c x^3)), a = x (1 + t) / 2,
+    // d = (1 + t) / 2 + x / 2 (1 - t^2) k (1 + 3 c x^2)
+    constexpr float k = 0.7978845608028654f, kc = 0.7978845608028654f * 0.044715f;
+    const float x2 = x * x;
+    const float t = tanh_approx(x * fmaf(kc, x2, k));
+    const float hx = 0.5f * x;
+    a = fmaf(hx, t, hx);
+    d = fmaf(hx * fmaf(-t, t, 1.0f), fmaf(3.0f * kc, x2, k), fmaf(0.5f, t, 0.5f));
+    return;
+  }
+#endif
   if constexpr (A == Activation::kSilu) {
     const float s = 0.5f + 0.5f * tanh_approx(0.5f * x);
     a = x * s;
@@ -351,130 +370,130 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   n0 = (r / rows) * BN;
 }
 
-// The epilogue group of the kinds with a 2 BN-column tile. The staged tile holds the GEMM's
-// result in two BN-column halves, rounded to the input dtype (as eager's dh and
-// x W1^T + b1 are). dh kinds: each item reads 8 columns of a row of dh and the saved
-// pre-activations at the same place (16-byte loads) and stores the gradient(s); out may
-// be pre itself (every element is read and then written by the same thread). kPlainFwd:
-// each item stores act of 8 columns, and the columns themselves into pre if given.
-template <typename T, Activation A, int BN, Epi E>
+// The epilogue groups of the kinds with a 2 BN-column tile (G warp groups: 128 G threads,
+// tid 0 .. 128 G - 1). The staged tile holds the GEMM's result in two BN-column halves,
+// rounded to the input dtype (as eager's dh and x W1^T + b1 are). A thread always covers
+// the same 8 columns (chunk) of both halves, on rows row0 + 8 G k (k = 0, 1, ...): batch k
+// is those 2 x 8 columns of one row. dh kinds: each batch reads the saved pre-activations
+// at its place (16-byte loads) and stores the gradient(s); out may be pre itself (every
+// element is read and then written by the same thread, so the reordering below is safe).
+// kPlainFwd: each batch stores act of its columns, and the columns themselves into pre if
+// given.
+//
+// The loads are software-pipelined: batch k + 1's loads are issued before batch k is
+// computed and stored (the compiler would not move them there itself, as out may alias
+// pre). Measured on the H200 (NOTES, session 10): one epilogue group with 4 items' loads in
+// flight and no pipelining took 89 us for GeGLU d768's 200 MB alone; the main loop 65.
+template <typename T, Activation A, int BN, Epi E, int G>
 __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
                                             uint64_t* staged, uint64_t* freed, int tid) {
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
-  constexpr int kItems = 2 * kChunks;  // per thread and tile: 2 halves x kChunks
-  // Items are processed in batches whose loads are all issued before any store: the
-  // compiler cannot move a later item's loads of pre above an earlier item's stores to
-  // out (they may be the same array), so one item at a time would wait a memory latency
-  // per item. 4 items in flight: ~16 KB per SM of g | u loads.
-  constexpr int kBatch = FUSED_MLP_SM90_DH_BATCH;
-  static_assert(kItems % kBatch == 0, "whole batches");
+  constexpr int kRowStep = 128 * G / kChunks;  // rows between a thread's batches
+  constexpr int kRows = kBM / kRowStep;        // batches per thread and tile
+  static_assert(kRows % 2 == 0, "batches in pairs (two load buffers)");
+  constexpr bool kLoads = E != Epi::kPlainFwd && FUSED_MLP_SM90_PROBE != 1;
   const T* pre = static_cast<const T*>(p.pre);
   T* out = static_cast<T*>(p.out);
-  // Every 128-byte line of g | u (or pre) tile t reads, requested into L2 (prefetches hold
-  // no registers, so a whole tile can be in flight at once).
-  const auto prefetch = [&](int t) {
-    constexpr int kParts = E == Epi::kGatedDh ? 2 : 1;   // g and u, or pre
-    constexpr int kLinesPerRow = 2 * BN * 2 / 128;         // 4 lines of a 256-column row
-    constexpr int kLines = kBM * kParts * kLinesPerRow;
-    int m0, n0;
-    tile_coords<2 * BN>(t, p, m0, n0);
-#pragma unroll
-    for (int j = 0; j < kLines / 128; ++j) {
-      const int line = tid + 128 * j;
-      const int part = line / (kBM * kLinesPerRow), rest = line % (kBM * kLinesPerRow);
-      const int m = m0 + rest / kLinesPerRow, col = n0 + (rest % kLinesPerRow) * 64;
-      if (m < p.M && col < p.N) asm volatile("prefetch.global.L2 [%0];" ::"l"(pre + m * p.ldp + part * p.N + col));
-    }
-  };
+  const int chunk = tid % kChunks, row0 = tid / kChunks;
+  const int64_t step_p = int64_t(kRowStep) * p.ldp, step_o = int64_t(kRowStep) * p.ldo;
   uint32_t it = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
     int m0, n0;
     tile_coords<2 * BN>(t, p, m0, n0);
-    if constexpr (E != Epi::kPlainFwd) {
-#if FUSED_MLP_SM90_DH_PREFETCH == 1
-      prefetch(t);
-#elif FUSED_MLP_SM90_DH_PREFETCH == 2
-      if (it == 0) prefetch(t);
-      if (t + static_cast<int>(gridDim.x) < tiles) prefetch(t + gridDim.x);
-#endif
-    }
+    const int col = n0 + chunk * 8;
+    const bool ok0 = col < p.N, ok1 = col + BN < p.N;
+    const int rows_left = p.M - (m0 + row0);  // batch k is in range while k * kRowStep < this
+    const T* src = pre + int64_t(m0 + row0) * p.ldp + col;
+    T* dst = out + int64_t(m0 + row0) * p.ldo + col;
+    uint4 gv[2][2], uv[2][2];  // [buffer][half]
     bar_wait(staged, it & 1);
 #if FUSED_MLP_SM90_PROBE == 3
     bar_arrive(freed);
     continue;
 #endif
-    for (int i0 = 0; i0 < kItems; i0 += kBatch) {
-      uint4 dv[kBatch], gv[kBatch], uv[kBatch];
-      int64_t off_p[kBatch], off_o[kBatch];
-      bool ok[kBatch];
+    if (kLoads && rows_left > 0) {  // batch 0
+      if (ok0) gv[0][0] = *reinterpret_cast<const uint4*>(src);
+      if (ok1) gv[0][1] = *reinterpret_cast<const uint4*>(src + BN);
+      if constexpr (E == Epi::kGatedDh) {
+        if (ok0) uv[0][0] = *reinterpret_cast<const uint4*>(src + p.N);
+        if (ok1) uv[0][1] = *reinterpret_cast<const uint4*>(src + p.N + BN);
+      }
+    }
+#pragma unroll 1
+    for (int k0 = 0; k0 < kRows; k0 += 2) {
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int item = i0 + b, part = item / kChunks;
-        const int e = tid + 128 * (item % kChunks);
-        const int r = e / kChunks, chunk = e % kChunks;
-        const int col = n0 + part * BN + chunk * 8;
-        const int m = m0 + r;
-        dv[b] = *reinterpret_cast<const uint4*>((part == 0 ? stg_g : stg_u) + r * kStgStride + chunk * 8);
-        ok[b] = col < p.N && m < p.M;
-        off_p[b] = m * p.ldp + col;
-        off_o[b] = m * p.ldo + col;
-        if constexpr (E != Epi::kPlainFwd) {
-          if (ok[b]) {
-#if FUSED_MLP_SM90_PROBE == 1
-            gv[b] = uv[b] = dv[b];
-#else
-            gv[b] = *reinterpret_cast<const uint4*>(pre + off_p[b]);
-            if constexpr (E == Epi::kGatedDh) uv[b] = *reinterpret_cast<const uint4*>(pre + off_p[b] + p.N);
-#endif
+      for (int s = 0; s < 2; ++s) {
+        const int k = k0 + s;
+        if (kLoads && k + 1 < kRows && (k + 1) * kRowStep < rows_left) {
+          const T* nsrc = src + (k + 1) * step_p;
+          if (ok0) gv[s ^ 1][0] = *reinterpret_cast<const uint4*>(nsrc);
+          if (ok1) gv[s ^ 1][1] = *reinterpret_cast<const uint4*>(nsrc + BN);
+          if constexpr (E == Epi::kGatedDh) {
+            if (ok0) uv[s ^ 1][0] = *reinterpret_cast<const uint4*>(nsrc + p.N);
+            if (ok1) uv[s ^ 1][1] = *reinterpret_cast<const uint4*>(nsrc + p.N + BN);
           }
         }
-      }
+        if (k * kRowStep >= rows_left) continue;
+        const int r = row0 + k * kRowStep;
 #pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        if (!ok[b]) continue;
-        T* orow = out + off_o[b];
-        const uint32_t dw[4] = {dv[b].x, dv[b].y, dv[b].z, dv[b].w};
-        if constexpr (E == Epi::kPlainFwd) {  // dv is x W1^T + b1, rounded
-          uint32_t ow[4];
+        for (int half = 0; half < 2; ++half) {
+          if (!(half == 0 ? ok0 : ok1)) continue;
+          const uint4 dv = *reinterpret_cast<const uint4*>((half == 0 ? stg_g : stg_u) + r * kStgStride + chunk * 8);
+          T* orow = dst + k * step_o + half * BN;
+          const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
+          if constexpr (E == Epi::kPlainFwd) {  // dv is x W1^T + b1, rounded
+            uint32_t ow[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 v = unpack2<T>(dw[k]);
-            ow[k] = pack2<T>(epilogue_act<A>(v.x), epilogue_act<A>(v.y));
-          }
-          *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
-          if (pre != nullptr) *reinterpret_cast<uint4*>(const_cast<T*>(pre) + off_p[b]) = dv[b];
-        } else if constexpr (E == Epi::kGatedDh) {
-          const uint32_t gw[4] = {gv[b].x, gv[b].y, gv[b].z, gv[b].w};
-          const uint32_t uw[4] = {uv[b].x, uv[b].y, uv[b].z, uv[b].w};
-          uint32_t dgw[4], duw[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 dh = unpack2<T>(dw[k]), g = unpack2<T>(gw[k]), u = unpack2<T>(uw[k]);
-            float a0, d0, a1, d1;
-            act_and_grad<A>(g.x, a0, d0);
-            act_and_grad<A>(g.y, a1, d1);
-            dgw[k] = pack2<T>(dh.x * u.x * d0, dh.y * u.y * d1);
-            duw[k] = pack2<T>(dh.x * a0, dh.y * a1);
-          }
-#if FUSED_MLP_SM90_PROBE == 2
-          if (dgw[0] == 0x7fc17fc1u && duw[0] == 0x7fc17fc1u)
+            for (int q = 0; q < 4; ++q) {
+              const float2 v = unpack2<T>(dw[q]);
+              ow[q] = pack2<T>(epilogue_act<A>(v.x), epilogue_act<A>(v.y));
+            }
+            *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+            if (pre != nullptr) *reinterpret_cast<uint4*>(const_cast<T*>(src) + k * step_p + half * BN) = dv;
+          } else {
+#if FUSED_MLP_SM90_PROBE == 1
+            const uint4 g4 = dv, u4 = dv;
+#else
+            const uint4 g4 = gv[s][half], u4 = uv[s][half];
 #endif
-          {
-            *reinterpret_cast<uint4*>(orow) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
-            *reinterpret_cast<uint4*>(orow + p.N) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
-          }
-        } else {
-          const uint32_t gw[4] = {gv[b].x, gv[b].y, gv[b].z, gv[b].w};
-          uint32_t ow[4];
+            const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w};
+            if constexpr (E == Epi::kGatedDh) {
+              const uint32_t uw[4] = {u4.x, u4.y, u4.z, u4.w};
+              uint32_t dgw[4], duw[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 dh = unpack2<T>(dw[k]), x = unpack2<T>(gw[k]);
-            float a0, d0, a1, d1;
-            act_and_grad<A>(x.x, a0, d0);
-            act_and_grad<A>(x.y, a1, d1);
-            ow[k] = pack2<T>(dh.x * d0, dh.y * d1);
+              for (int q = 0; q < 4; ++q) {
+                const float2 dh = unpack2<T>(dw[q]), g = unpack2<T>(gw[q]), u = unpack2<T>(uw[q]);
+                float a0, d0, a1, d1;
+                act_and_grad<A>(g.x, a0, d0);
+                act_and_grad<A>(g.y, a1, d1);
+#if FUSED_MLP_SM90_PROBE == 5
+                dgw[q] = gw[q] ^ dw[q];
+                duw[q] = uw[q] ^ dw[q];
+#else
+                dgw[q] = pack2<T>(dh.x * u.x * d0, dh.y * u.y * d1);
+                duw[q] = pack2<T>(dh.x * a0, dh.y * a1);
+#endif
+              }
+#if FUSED_MLP_SM90_PROBE == 2
+              if (dgw[0] == 0x7fc17fc1u && duw[0] == 0x7fc17fc1u)
+#endif
+              {
+                *reinterpret_cast<uint4*>(orow) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+                *reinterpret_cast<uint4*>(orow + p.N) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+              }
+            } else {
+              uint32_t ow[4];
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                const float2 dh = unpack2<T>(dw[q]), x = unpack2<T>(gw[q]);
+                float a0, d0, a1, d1;
+                act_and_grad<A>(x.x, a0, d0);
+                act_and_grad<A>(x.y, a1, d1);
+                ow[q] = pack2<T>(dh.x * d0, dh.y * d1);
+              }
+              *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+            }
           }
-          *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
         }
       }
     }
@@ -485,7 +504,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(threads_of<E>(), 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -511,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bar_init(&empty[s], 2);  // one arrival per MMA warp group
     }
     bar_init(staged, 256);     // every MMA thread
-    bar_init(freed, 128);      // every epilogue thread
+    bar_init(freed, 128 * epi_groups<E>());  // every epilogue thread
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -519,14 +538,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles = p.tiles_m * p.tiles_n;
   const int ksteps = (p.K + kBK - 1) / kBK;
 
+  constexpr int G = epi_groups<E>();
+  static_assert(G == 1 || G == 2, "one or two epilogue groups");
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (G == 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
       uint32_t c = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN>(t, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
@@ -548,7 +570,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else if (wg <= 2) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_REGS_MMA) ";\n");
+    if constexpr (G == 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n");
     const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
     const int warp = tid / 32, lane = tid % 32;
     float acc_g[BN / 2], acc_u[BN / 2];
@@ -570,7 +593,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         bias_g[j] = (!kDh && col < p.N && bg != nullptr) ? *reinterpret_cast<const uint32_t*>(bg + col) : 0u;
         bias_u[j] = (!kDh && col_u < p.N && bu != nullptr) ? *reinterpret_cast<const uint32_t*>(bu + col_u) : 0u;
       }
+#if FUSED_MLP_SM90_PROBE_NOMAIN
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc_g[i] = acc_u[i] = 0.0f;
+      for (int kb = 0; kb < 0; ++kb, ++c) {
+#else
       for (int kb = 0; kb < ksteps; ++kb, ++c) {
+#endif
         const int s = c % kStages;
         bar_wait(&full[s], (c / kStages) & 1);
         const uint8_t* st = smem + s * kStageBytes;
@@ -599,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_regs(acc_g);
       fence_regs(acc_u);
-      if (tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
+      if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
 
       // Hand g and u to the epilogue group through the staging tile.
       bar_wait(freed, (it & 1) ^ 1);
@@ -616,11 +645,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       bar_arrive(staged);
     }
   } else {
-#if FUSED_MLP_SM90_REGS_EPI > 128
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_REGS_EPI) ";\n");
-#else
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_REGS_EPI) ";\n");
-#endif
+    if constexpr (G == 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
     if constexpr (kFwd) {
       // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
       // chunks per row): consecutive threads store consecutive 16 bytes of a row.
@@ -659,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         bar_arrive(freed);
       }
     } else {
-      wide_epilogue<T, A, BN, E>(p, tiles, stg_g, stg_u, staged, freed, tid);
+      wide_epilogue<T, A, BN, E, G>(p, tiles, stg_g, stg_u, staged, freed, threadIdx.x - 384);
     }
   }
 }
