@@ -3,7 +3,7 @@
 // the device. The variants are the FUSED_MLP_SM90_* switches of gated_gemm_sm90_kernel.cuh:
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
-//        -Ikernel_src/common -Ikernel_src/cuda [-DFUSED_MLP_SM90_DH_EPI_GROUPS=1] \
+//        -Ikernel_src/common -Ikernel_src/cuda [-DFUSED_MLP_SM90_DH_HELPERS=0] \
 //        -o .probe/dh_base benchmarks/micro/sm90_probe.cu
 //   .probe/dh_base [label]
 //
@@ -115,7 +115,7 @@ static void run(const char* label, const char* shape, int M, int K, int N) {
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
 
   CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
-  kernel<<<grid, s::threads_of<s::Epi::kGatedDh>(), kSmem>>>(md, mw, mw, p);
+  kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   int bad = 0;
@@ -149,7 +149,7 @@ static void run(const char* label, const char* shape, int M, int K, int N) {
   for (int r = 0; r < 43; ++r) {
     CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
     CK(cudaEventRecord(e0));
-    kernel<<<grid, s::threads_of<s::Epi::kGatedDh>(), kSmem>>>(md, mw, mw, p);
+    kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p);
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float t;

@@ -6,13 +6,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
-  "g2"
-  "g1       -DFUSED_MLP_SM90_DH_EPI_GROUPS=1"
-  "g2_epionly -DFUSED_MLP_SM90_PROBE_NOMAIN=1"
-  "g2_epionly_noalu -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
-  "g2_noalu -DFUSED_MLP_SM90_PROBE=5"
-  "g2_empty -DFUSED_MLP_SM90_PROBE=3"
-  "g2_oldgrad -DFUSED_MLP_SM90_OLD_GRAD=1"
+  "helpers"
+  "nohelp   -DFUSED_MLP_SM90_DH_HELPERS=0"
+  "epionly  -DFUSED_MLP_SM90_PROBE_NOMAIN=1"
+  "epionly_noalu -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
+  "noalu    -DFUSED_MLP_SM90_PROBE=5"
+  "oldgrad  -DFUSED_MLP_SM90_OLD_GRAD=1"
 )
 [ -n "${PROBE_VARIANTS:-}" ] && mapfile -t VARIANTS < <(printf '%s\n' "${PROBE_VARIANTS}" | tr ';' '\n')
 NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
@@ -32,7 +31,7 @@ case "${1:-}" in
     for v in "${VARIANTS[@]}"; do
       read -r name flags <<<"$v"
       echo "[variant] $name: ${flags:-defaults}"
-      ".probe/$name" "$name"
+      timeout 60 ".probe/$name" "$name" || echo "[probe] $name: exit $? (60 s limit: a hang?)"
     done
     # cuBLAS on the same products (the GEMM alone, no epilogue), timed the same way.
     python3 - <<'PY' || true

@@ -96,20 +96,20 @@ struct Params {
   int tiles_m, tiles_n;
 };
 
-// Warp groups in the epilogue: two for the dh kinds, whose epilogue moves 4 x the bytes of
-// the forward kinds' (g | u in, dg | du out), one elsewhere. With two, the register split is
-// producer 24, MMA 168, epilogue 72 (x 128 threads: 64512 of 65536); with one, 40 / 192 / 88.
-#ifndef FUSED_MLP_SM90_DH_EPI_GROUPS
-#define FUSED_MLP_SM90_DH_EPI_GROUPS 2
+// Threads of the epilogue: for the dh kinds, whose epilogue moves 4 x the bytes of the
+// forward kinds' (g | u in, dg | du out), the epilogue group plus warps 1-3 of the
+// producer's group (warp 0 keeps the producer thread): 224 threads, registers 88 / 168 / 88
+// (producer's group, MMA groups, epilogue group: 512 x 128 in all). Elsewhere the epilogue
+// group alone, 40 / 192 / 88. (Five warp groups do not fit: launched with 96 registers a
+// thread, they cannot give the MMA groups 168 and the epilogue 72 without spilling.)
+#ifndef FUSED_MLP_SM90_DH_HELPERS
+#define FUSED_MLP_SM90_DH_HELPERS 1
 #endif
 template <Epi E>
-__host__ __device__ constexpr int epi_groups() {
-  return (E == Epi::kGatedDh || E == Epi::kPlainDh) ? FUSED_MLP_SM90_DH_EPI_GROUPS : 1;
+__host__ __device__ constexpr int epilogue_threads() {
+  return (FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ? 224 : 128;
 }
-template <Epi E>
-__host__ __device__ constexpr int threads_of() {
-  return 128 * (3 + epi_groups<E>());
-}
+constexpr int kThreads = 512;
 
 // Experiment switches (benchmarks/micro/sm90_probe.cu builds variants of the dh kind with
 // -D; the ops are built with the defaults):
@@ -370,10 +370,11 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   n0 = (r / rows) * BN;
 }
 
-// The epilogue groups of the kinds with a 2 BN-column tile (G warp groups: 128 G threads,
-// tid 0 .. 128 G - 1). The staged tile holds the GEMM's result in two BN-column halves,
-// rounded to the input dtype (as eager's dh and x W1^T + b1 are). A thread always covers
-// the same 8 columns (chunk) of both halves, on rows row0 + 8 G k (k = 0, 1, ...): batch k
+// The epilogue threads of the kinds with a 2 BN-column tile (kEpiThreads of them, tid 0 ..
+// kEpiThreads - 1: see epilogue_threads). The staged tile holds the GEMM's result in two
+// BN-column halves, rounded to the input dtype (as eager's dh and x W1^T + b1 are). A
+// thread always covers the same 8 columns (chunk) of both halves, on rows row0 + k R
+// (R = kEpiThreads / (BN / 8) rows per step, k = 0, 1, ...): batch k
 // is those 2 x 8 columns of one row. dh kinds: each batch reads the saved pre-activations
 // at its place (16-byte loads) and stores the gradient(s); out may be pre itself (every
 // element is read and then written by the same thread, so the reordering below is safe).
@@ -384,12 +385,13 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
 // computed and stored (the compiler would not move them there itself, as out may alias
 // pre). Measured on the H200 (NOTES, session 10): one epilogue group with 4 items' loads in
 // flight and no pipelining took 89 us for GeGLU d768's 200 MB alone; the main loop 65.
-template <typename T, Activation A, int BN, Epi E, int G>
+template <typename T, Activation A, int BN, Epi E, int kEpiThreads>
 __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
                                             uint64_t* staged, uint64_t* freed, int tid) {
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
-  constexpr int kRowStep = 128 * G / kChunks;  // rows between a thread's batches
-  constexpr int kRows = kBM / kRowStep;        // batches per thread and tile
+  static_assert(kEpiThreads % kChunks == 0, "whole rows per step");
+  constexpr int kRowStep = kEpiThreads / kChunks;          // rows between a thread's batches
+  constexpr int kRows = (kBM + kRowStep - 1) / kRowStep;  // batches per thread and tile
   static_assert(kRows % 2 == 0, "batches in pairs (two load buffers)");
   constexpr bool kLoads = E != Epi::kPlainFwd && FUSED_MLP_SM90_PROBE != 1;
   const T* pre = static_cast<const T*>(p.pre);
@@ -402,7 +404,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
     tile_coords<2 * BN>(t, p, m0, n0);
     const int col = n0 + chunk * 8;
     const bool ok0 = col < p.N, ok1 = col + BN < p.N;
-    const int rows_left = p.M - (m0 + row0);  // batch k is in range while k * kRowStep < this
+    const int rows_left = min(p.M - m0, kBM) - row0;  // batch k is in range while k * kRowStep < this
     const T* src = pre + int64_t(m0 + row0) * p.ldp + col;
     T* dst = out + int64_t(m0 + row0) * p.ldo + col;
     uint4 gv[2][2], uv[2][2];  // [buffer][half]
@@ -504,7 +506,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
-__global__ void __launch_bounds__(threads_of<E>(), 1)
+__global__ void __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -530,7 +532,7 @@ __global__ void __launch_bounds__(threads_of<E>(), 1)
       bar_init(&empty[s], 2);  // one arrival per MMA warp group
     }
     bar_init(staged, 256);     // every MMA thread
-    bar_init(freed, 128 * epi_groups<E>());  // every epilogue thread
+    bar_init(freed, epilogue_threads<E>());  // every epilogue thread
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -538,11 +540,14 @@ __global__ void __launch_bounds__(threads_of<E>(), 1)
   const int tiles = p.tiles_m * p.tiles_n;
   const int ksteps = (p.K + kBK - 1) / kBK;
 
-  constexpr int G = epi_groups<E>();
-  static_assert(G == 1 || G == 2, "one or two epilogue groups");
+  constexpr int kEpiThreads = epilogue_threads<E>();
+  constexpr bool kHelpers = kEpiThreads > 128;  // warps 1-3 of group 0 work in the epilogue
   if (wg == 0) {
-    if constexpr (G == 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    else asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if constexpr (kHelpers) {
+      if (tid >= 32) wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
+    }
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
@@ -570,8 +575,8 @@ __global__ void __launch_bounds__(threads_of<E>(), 1)
       }
     }
   } else if (wg <= 2) {
-    if constexpr (G == 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
-    else asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n");
+    if constexpr (kHelpers) asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n");
+    else asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
     const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
     const int warp = tid / 32, lane = tid % 32;
     float acc_g[BN / 2], acc_u[BN / 2];
@@ -645,8 +650,7 @@ __global__ void __launch_bounds__(threads_of<E>(), 1)
       bar_arrive(staged);
     }
   } else {
-    if constexpr (G == 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
-    else asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
     if constexpr (kFwd) {
       // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
       // chunks per row): consecutive threads store consecutive 16 bytes of a row.
@@ -685,7 +689,7 @@ __global__ void __launch_bounds__(threads_of<E>(), 1)
         bar_arrive(freed);
       }
     } else {
-      wide_epilogue<T, A, BN, E, G>(p, tiles, stg_g, stg_u, staged, freed, threadIdx.x - 384);
+      wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, tid);
     }
   }
 }
