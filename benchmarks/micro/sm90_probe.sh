@@ -6,12 +6,14 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
-  "helpers"
-  "nohelp   -DFUSED_MLP_SM90_DH_HELPERS=0"
-  "epionly  -DFUSED_MLP_SM90_PROBE_NOMAIN=1"
-  "epionly_noalu -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
-  "noalu    -DFUSED_MLP_SM90_PROBE=5"
-  "oldgrad  -DFUSED_MLP_SM90_OLD_GRAD=1"
+  "d3"
+  "d2       -DFUSED_MLP_SM90_DH_DEPTH=2"
+  "d4       -DFUSED_MLP_SM90_DH_DEPTH=4"
+  "d3_epionly -DFUSED_MLP_SM90_PROBE_NOMAIN=1"
+  "d3_epionly_noalu -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
+  "d4_epionly_noalu -DFUSED_MLP_SM90_DH_DEPTH=4 -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
+  "d3_nohelp -DFUSED_MLP_SM90_DH_HELPERS=0"
+  "d2_r168  -DFUSED_MLP_SM90_DH_DEPTH=2 -DFUSED_MLP_SM90_DH_REGS_MMA=168 -DFUSED_MLP_SM90_DH_REGS_EPI=88"
 )
 [ -n "${PROBE_VARIANTS:-}" ] && mapfile -t VARIANTS < <(printf '%s\n' "${PROBE_VARIANTS}" | tr ';' '\n')
 NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"

@@ -110,9 +110,24 @@ __host__ __device__ constexpr int epilogue_threads() {
   return (FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ? 224 : 128;
 }
 constexpr int kThreads = 512;
+// The dh kinds' register split: MMA groups FUSED_MLP_SM90_DH_REGS_MMA, the two groups with
+// epilogue threads FUSED_MLP_SM90_DH_REGS_EPI (launched with 128 a thread, the CTA has no more
+// to hand out: a larger request would wait forever in setmaxnreg).
+#ifndef FUSED_MLP_SM90_DH_REGS_MMA
+#define FUSED_MLP_SM90_DH_REGS_MMA 160
+#endif
+#ifndef FUSED_MLP_SM90_DH_REGS_EPI
+#define FUSED_MLP_SM90_DH_REGS_EPI 96
+#endif
+static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <= 512,
+              "the dh kinds' register split must fit the 512 x 128 registers the CTA is launched with");
+#define FUSED_MLP_STR2(x) #x
+#define FUSED_MLP_STR(x) FUSED_MLP_STR2(x)
 
 // Experiment switches (benchmarks/micro/sm90_probe.cu builds variants of the dh kind with
 // -D; the ops are built with the defaults):
+//   FUSED_MLP_SM90_DH_DEPTH     load buffers per epilogue thread (rows of its batches whose
+//                               loads are in flight while one is computed: DEPTH - 1)
 //   FUSED_MLP_SM90_PROBE        0: as shipped; 1: no loads of g | u (the staged dh stands in);
 //                               2: no stores (kept only behind a test the data never passes);
 //                               3: the epilogue groups only wait and release the staging tile;
@@ -120,6 +135,9 @@ constexpr int kThreads = 512;
 //   FUSED_MLP_SM90_PROBE_NOMAIN 1: no main loop (no TMA loads, no MMAs; zeros are staged)
 #ifndef FUSED_MLP_SM90_PROBE
 #define FUSED_MLP_SM90_PROBE 0
+#endif
+#ifndef FUSED_MLP_SM90_DH_DEPTH
+#define FUSED_MLP_SM90_DH_DEPTH 3
 #endif
 #ifndef FUSED_MLP_SM90_PROBE_NOMAIN
 #define FUSED_MLP_SM90_PROBE_NOMAIN 0
@@ -370,6 +388,18 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   n0 = (r / rows) * BN;
 }
 
+// One row of a thread's batch in the wide epilogue: g (and u) of its 8 columns in both halves.
+template <typename T, bool kU, int BN>
+__device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1, uint4& g0, uint4& g1, uint4& u0,
+                                         uint4& u1) {
+  if (ok0) g0 = *reinterpret_cast<const uint4*>(src);
+  if (ok1) g1 = *reinterpret_cast<const uint4*>(src + BN);
+  if constexpr (kU) {
+    if (ok0) u0 = *reinterpret_cast<const uint4*>(src + n);
+    if (ok1) u1 = *reinterpret_cast<const uint4*>(src + n + BN);
+  }
+}
+
 // The epilogue threads of the kinds with a 2 BN-column tile (kEpiThreads of them, tid 0 ..
 // kEpiThreads - 1: see epilogue_threads). The staged tile holds the GEMM's result in two
 // BN-column halves, rounded to the input dtype (as eager's dh and x W1^T + b1 are). A
@@ -392,7 +422,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   static_assert(kEpiThreads % kChunks == 0, "whole rows per step");
   constexpr int kRowStep = kEpiThreads / kChunks;          // rows between a thread's batches
   constexpr int kRows = (kBM + kRowStep - 1) / kRowStep;  // batches per thread and tile
-  static_assert(kRows % 2 == 0, "batches in pairs (two load buffers)");
+  constexpr int kDepth = FUSED_MLP_SM90_DH_DEPTH;  // batches whose loads are in flight, + 1
   constexpr bool kLoads = E != Epi::kPlainFwd && FUSED_MLP_SM90_PROBE != 1;
   const T* pre = static_cast<const T*>(p.pre);
   T* out = static_cast<T*>(p.out);
@@ -407,34 +437,29 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
     const int rows_left = min(p.M - m0, kBM) - row0;  // batch k is in range while k * kRowStep < this
     const T* src = pre + int64_t(m0 + row0) * p.ldp + col;
     T* dst = out + int64_t(m0 + row0) * p.ldo + col;
-    uint4 gv[2][2], uv[2][2];  // [buffer][half]
+    uint4 gv[kDepth][2], uv[kDepth][2];  // [buffer][half]
     bar_wait(staged, it & 1);
 #if FUSED_MLP_SM90_PROBE == 3
     bar_arrive(freed);
     continue;
 #endif
-    if (kLoads && rows_left > 0) {  // batch 0
-      if (ok0) gv[0][0] = *reinterpret_cast<const uint4*>(src);
-      if (ok1) gv[0][1] = *reinterpret_cast<const uint4*>(src + BN);
-      if constexpr (E == Epi::kGatedDh) {
-        if (ok0) uv[0][0] = *reinterpret_cast<const uint4*>(src + p.N);
-        if (ok1) uv[0][1] = *reinterpret_cast<const uint4*>(src + p.N + BN);
-      }
+    if constexpr (kLoads) {  // batches 0 .. kDepth - 2
+#pragma unroll
+      for (int k = 0; k + 1 < kDepth; ++k)
+        if (k < kRows && k * kRowStep < rows_left)
+          load_row<T, E == Epi::kGatedDh, BN>(src + k * step_p, p.N, ok0, ok1, gv[k][0], gv[k][1], uv[k][0], uv[k][1]);
     }
 #pragma unroll 1
-    for (int k0 = 0; k0 < kRows; k0 += 2) {
+    for (int k0 = 0; k0 < kRows; k0 += kDepth) {
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
+      for (int s = 0; s < kDepth; ++s) {
         const int k = k0 + s;
-        if (kLoads && k + 1 < kRows && (k + 1) * kRowStep < rows_left) {
-          const T* nsrc = src + (k + 1) * step_p;
-          if (ok0) gv[s ^ 1][0] = *reinterpret_cast<const uint4*>(nsrc);
-          if (ok1) gv[s ^ 1][1] = *reinterpret_cast<const uint4*>(nsrc + BN);
-          if constexpr (E == Epi::kGatedDh) {
-            if (ok0) uv[s ^ 1][0] = *reinterpret_cast<const uint4*>(nsrc + p.N);
-            if (ok1) uv[s ^ 1][1] = *reinterpret_cast<const uint4*>(nsrc + p.N + BN);
-          }
-        }
+        if (k >= kRows) break;
+        constexpr int kAhead = kDepth - 1;
+        const int sn = (s + kAhead) % kDepth;  // the buffer of batch k + kAhead
+        if (kLoads && k + kAhead < kRows && (k + kAhead) * kRowStep < rows_left)
+          load_row<T, E == Epi::kGatedDh, BN>(src + (k + kAhead) * step_p, p.N, ok0, ok1, gv[sn][0], gv[sn][1], uv[sn][0],
+                                          uv[sn][1]);
         if (k * kRowStep >= rows_left) continue;
         const int r = row0 + k * kRowStep;
 #pragma unroll
@@ -456,7 +481,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
 #if FUSED_MLP_SM90_PROBE == 1
             const uint4 g4 = dv, u4 = dv;
 #else
-            const uint4 g4 = gv[s][half], u4 = uv[s][half];
+            const uint4 g4 = gv[s][half], u4 = uv[s][half];  // s: batch k's buffer
 #endif
             const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w};
             if constexpr (E == Epi::kGatedDh) {
@@ -543,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kEpiThreads = epilogue_threads<E>();
   constexpr bool kHelpers = kEpiThreads > 128;  // warps 1-3 of group 0 work in the epilogue
   if (wg == 0) {
-    if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
+    if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if constexpr (kHelpers) {
       if (tid >= 32) wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
@@ -575,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else if (wg <= 2) {
-    if constexpr (kHelpers) asm volatile("setmaxnreg.inc.sync.aligned.u32 168;\n");
+    if constexpr (kHelpers) asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_MMA) ";\n");
     else asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
     const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
     const int warp = tid / 32, lane = tid % 32;
@@ -650,7 +675,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       bar_arrive(staged);
     }
   } else {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
+    if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
     if constexpr (kFwd) {
       // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
       // chunks per row): consecutive threads store consecutive 16 bytes of a row.
