@@ -6,14 +6,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
-  "d3"
-  "d2       -DFUSED_MLP_SM90_DH_DEPTH=2"
-  "d4       -DFUSED_MLP_SM90_DH_DEPTH=4"
-  "d3_epionly -DFUSED_MLP_SM90_PROBE_NOMAIN=1"
-  "d3_epionly_noalu -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
-  "d4_epionly_noalu -DFUSED_MLP_SM90_DH_DEPTH=4 -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
-  "d3_nohelp -DFUSED_MLP_SM90_DH_HELPERS=0"
-  "d2_r168  -DFUSED_MLP_SM90_DH_DEPTH=2 -DFUSED_MLP_SM90_DH_REGS_MMA=168 -DFUSED_MLP_SM90_DH_REGS_EPI=88"
+  "shipped"
+  "nohelp   -DFUSED_MLP_SM90_DH_HELPERS=0"
+  "depth3   -DFUSED_MLP_SM90_DH_DEPTH=3"
+  "epionly  -DFUSED_MLP_SM90_PROBE_NOMAIN=1"
+  "epionly_noalu -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
+  "empty    -DFUSED_MLP_SM90_PROBE=3"
 )
 [ -n "${PROBE_VARIANTS:-}" ] && mapfile -t VARIANTS < <(printf '%s\n' "${PROBE_VARIANTS}" | tr ';' '\n')
 NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"

@@ -22,15 +22,15 @@
 //        fp32 and stores h (16-byte stores along rows), plus g | u when training. It
 //        overlaps the MMA warp groups' next tile.
 // The same kernel with other epilogues serves three more kinds (Epi below): the backward's
-// dh GEMM with the activation's derivative (gated and plain; its epilogue group also reads
-// the saved pre-activations, which it first requests into L2), and the plain MLP's first
-// GEMM + bias + activation.
+// dh GEMM with the activation's derivative (gated and plain; its epilogue also reads the
+// saved pre-activations, 4 x the forward's bytes, so warps 1-3 of WG0 join it: 224
+// epilogue threads, see epilogue_threads), and the plain MLP's first GEMM + bias + activation.
 // g and u are rounded to the input dtype before the activation, as eager PyTorch,
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
 //
 // Synchronization is by mbarriers: full/empty per ring stage (TMA transaction counts),
 // staged/free for the staging tile. Registers move between the groups with setmaxnreg
-// (producer 40, epilogue 88, MMA 192 per thread).
+// (producer 40, epilogue 88, MMA 192 per thread; dh kinds: WG0 and WG3 96, MMA 160).
 //
 // Requirements (checked on the host, anything else takes the Triton path): sm_90,
 // bf16 or fp16, x / weights / out / pre with unit column stride, row strides and base
@@ -137,7 +137,7 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 #define FUSED_MLP_SM90_PROBE 0
 #endif
 #ifndef FUSED_MLP_SM90_DH_DEPTH
-#define FUSED_MLP_SM90_DH_DEPTH 3
+#define FUSED_MLP_SM90_DH_DEPTH 2
 #endif
 #ifndef FUSED_MLP_SM90_PROBE_NOMAIN
 #define FUSED_MLP_SM90_PROBE_NOMAIN 0
@@ -326,17 +326,17 @@ __device__ __forceinline__ float epilogue_act(float v) {
 }
 
 // (act(x), act'(x)) for the dh epilogue: the derivatives of the Triton backward
-// (triton_gemm._activation_and_grad), with its tanh.approx forms for the sigmoid-based ones.
+// (triton_gemm._activation_and_grad), with its tanh.approx forms for the sigmoid-based ones;
+// silu and gelu_tanh rearranged into fewer instructions (14 instead of 16 per element with
+// the products: 1.7 us of 105 at GeGLU d768, NOTES session 10).
 template <Activation A>
 __device__ __forceinline__ void act_and_grad(float x, float& a, float& d) {
-#ifndef FUSED_MLP_SM90_OLD_GRAD
   if constexpr (A == Activation::kSilu) {
     // s = sigmoid(x) = (1 + tanh(x / 2)) / 2, a = x s, d = s + a (1 - s)
     const float th = tanh_approx(0.5f * x);
     const float s = fmaf(0.5f, th, 0.5f);
     a = x * s;
     d = fmaf(a, fmaf(-0.5f, th, 0.5f), s);
-    return;
   } else if constexpr (A == Activation::kGeluTanh) {
     // t = tanh(k (x + c x^3)), a = x (1 + t) / 2,
     // d = (1 + t) / 2 + x / 2 (1 - t^2) k (1 + 3 c x^2)
@@ -346,17 +346,6 @@ __device__ __forceinline__ void act_and_grad(float x, float& a, float& d) {
     const float hx = 0.5f * x;
     a = fmaf(hx, t, hx);
     d = fmaf(hx * fmaf(-t, t, 1.0f), fmaf(3.0f * kc, x2, k), fmaf(0.5f, t, 0.5f));
-    return;
-  }
-#endif
-  if constexpr (A == Activation::kSilu) {
-    const float s = 0.5f + 0.5f * tanh_approx(0.5f * x);
-    a = x * s;
-    d = s * (1.0f + x * (1.0f - s));
-  } else if constexpr (A == Activation::kGeluTanh) {
-    const float s = 0.5f + 0.5f * tanh_approx(0.7978845608028654f * (x + 0.044715f * x * x * x));
-    a = x * s;
-    d = s + x * s * (1.0f - s) * (1.5957691216057308f * (1.0f + 0.134145f * x * x));
   } else if constexpr (A == Activation::kGelu) {
     const float cdf = 0.5f * (1.0f + erff(x * 0.7071067811865476f));
     a = x * cdf;
