@@ -5,7 +5,7 @@
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
 //        -Ikernel_src/common -Ikernel_src/cuda [-DFUSED_MLP_SM90_DH_HELPERS=0] \
 //        -o .probe/dh_base benchmarks/micro/sm90_probe.cu
-//   .probe/dh_base [label]
+//   .probe/dh_base [label] [inplace]
 //
 // For each shape (GeGLU d768: M 8192, K 768, N 3072, gelu_tanh; SwiGLU d4096: M 4096,
 // K 4096, N 14336, silu) it checks 512 sampled outputs against a float64 host computation
@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #define CK(x)                                                                                 \
@@ -76,7 +77,7 @@ static void act_grad(Activation a, double x, double& f, double& d) {
 }
 
 template <Activation A>
-static void run(const char* label, const char* shape, int M, int K, int N) {
+static void run(const char* label, const char* shape, int M, int K, int N, bool inplace) {
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<bf16> dy(size_t(M) * K), w(size_t(K) * N), pre(size_t(M) * 2 * N);
@@ -99,7 +100,7 @@ static void run(const char* label, const char* shape, int M, int K, int N) {
   const CUtensorMap md = map2d(d_dy, M, K, s::kBK, s::kBM);
   const CUtensorMap mw = map2d(d_w, K, N, 64, s::kBK);
   s::Params p{};
-  p.out = d_out;
+  p.out = inplace ? d_pre : d_out;  // in place: out = pre, as the training backward calls it
   p.pre = d_pre;
   p.ldo = p.ldp = 2 * N;
   p.M = M;
@@ -114,7 +115,7 @@ static void run(const char* label, const char* shape, int M, int K, int N) {
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
 
-  CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
+  if (!inplace) CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
   kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -122,7 +123,7 @@ static void run(const char* label, const char* shape, int M, int K, int N) {
   double worst = 0.0;
   if (FUSED_MLP_SM90_PROBE == 0) {
     std::vector<bf16> out(pre.size());
-    CK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(out.data(), p.out, out.size() * 2, cudaMemcpyDeviceToHost));
     std::uniform_int_distribution<int> um(0, M - 1), un(0, N - 1);
     for (int i = 0; i < 512; ++i) {
       const int m = um(rng), n = un(rng);
@@ -160,8 +161,8 @@ static void run(const char* label, const char* shape, int M, int K, int N) {
   std::sort(ms.begin(), ms.end());
   const double med = ms[ms.size() / 2] * 1e3, lo = ms[0] * 1e3;
   const double flops = 2.0 * M * K * double(N), bytes = 2.0 * (2.0 * M * 2.0 * N + double(M) * K + double(K) * N);
-  std::printf("[probe] %-22s %-14s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
-              label, shape, med, lo, flops / med * 1e-6, bytes / med * 1e-6,
+  std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
+              label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
               FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
   cudaFree(d_dy);
   cudaFree(d_w);
@@ -172,8 +173,9 @@ static void run(const char* label, const char* shape, int M, int K, int N) {
 
 int main(int argc, char** argv) {
   const char* label = argc > 1 ? argv[1] : "variant";
-  run<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072);
-  run<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336);
-  run<Activation::kSilu>(label, "swiglu_m512", 512, 4096, 14336);
+  const bool inplace = argc > 2 && std::string(argv[2]) == "inplace";
+  run<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, inplace);
+  run<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, inplace);
+  run<Activation::kSilu>(label, "swiglu_m512", 512, 4096, 14336, inplace);
   return 0;
 }
