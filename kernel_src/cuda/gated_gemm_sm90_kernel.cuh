@@ -98,10 +98,12 @@ struct Params {
 
 // Threads of the epilogue: for the dh kinds, whose epilogue moves 4 x the bytes of the
 // forward kinds' (g | u in, dg | du out), the epilogue group plus warps 1-3 of the
-// producer's group (warp 0 keeps the producer thread): 224 threads, registers 88 / 168 / 88
-// (producer's group, MMA groups, epilogue group: 512 x 128 in all). Elsewhere the epilogue
-// group alone, 40 / 192 / 88. (Five warp groups do not fit: launched with 96 registers a
-// thread, they cannot give the MMA groups 168 and the epilogue 72 without spilling.)
+// producer's group (warp 0 keeps the producer thread): 224 threads, registers 96 / 160 / 96
+// (producer's group, MMA groups, epilogue group: 512 x 128 in all; FUSED_MLP_SM90_DH_REGS_*
+// below). Elsewhere the epilogue group alone, 40 / 192 / 88. (Five warp groups do not fit:
+// launched with 96 registers a thread, they have 480 x 128 to share, too few for MMA groups
+// of 160-168 and epilogue groups of 56-72 without spilling; asking for more hangs in
+// setmaxnreg.)
 #ifndef FUSED_MLP_SM90_DH_HELPERS
 #define FUSED_MLP_SM90_DH_HELPERS 1
 #endif
@@ -402,8 +404,10 @@ __device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1
 //
 // The loads are software-pipelined: batch k + 1's loads are issued before batch k is
 // computed and stored (the compiler would not move them there itself, as out may alias
-// pre). Measured on the H200 (NOTES, session 10): one epilogue group with 4 items' loads in
-// flight and no pipelining took 89 us for GeGLU d768's 200 MB alone; the main loop 65.
+// pre). Measured on the H200 (NOTES, session 10), GeGLU d768's 200 MB: the earlier form (one
+// group, 4 items' loads issued together, no pipelining) took 89 us alone and the kernel
+// 113-117; this one on 224 threads 79 alone and 101-103 with the main loop (55 by itself).
+// More loads in flight (DEPTH 3, 4) did not help: the memory side stays at ~70 us.
 template <typename T, Activation A, int BN, Epi E, int kEpiThreads>
 __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
                                             uint64_t* staged, uint64_t* freed, int tid) {
