@@ -1,4 +1,5 @@
-"""The warp-specialized GEMMs for Hopper (kernel_src/cuda/gated_gemm_sm90.cu).
+"""The warp-specialized GEMMs for Hopper (kernel_src/cuda/gated_gemm_sm90_kernel.cuh, ops in
+gated_gemm_sm90.cu).
 
     gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
         out = act(x Wg^T + bg) * (x Wu^T + bu); pre (optional, [M, 2N]) = g | u
