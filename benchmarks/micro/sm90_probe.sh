@@ -1,5 +1,6 @@
 #!/bin/bash
-# Builds and runs the dh epilogue variants of benchmarks/micro/sm90_probe.cu.
+# Builds and runs the dh epilogue variants of benchmarks/micro/sm90_probe.cu (and
+# benchmarks/micro/stream_pattern.cu, the same bytes streamed without a GEMM).
 #   bash benchmarks/micro/sm90_probe.sh build   # needs only nvcc (no GPU): binaries in .probe/
 #   bash benchmarks/micro/sm90_probe.sh run     # on the H200: one line per variant and shape
 # Each variant is the set of FUSED_MLP_SM90_* switches after its name (see the kernel header).
@@ -12,6 +13,8 @@ VARIANTS=(
   "epionly  -DFUSED_MLP_SM90_PROBE_NOMAIN=1"
   "epionly_noalu -DFUSED_MLP_SM90_PROBE_NOMAIN=1 -DFUSED_MLP_SM90_PROBE=5"
   "empty    -DFUSED_MLP_SM90_PROBE=3"
+  "empty_2stages -DFUSED_MLP_SM90_PROBE=3 -DFUSED_MLP_SM90_STAGES=2"
+  "shipped_2stages -DFUSED_MLP_SM90_STAGES=2"
 )
 [ -n "${PROBE_VARIANTS:-}" ] && mapfile -t VARIANTS < <(printf '%s\n' "${PROBE_VARIANTS}" | tr ';' '\n')
 NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
@@ -25,6 +28,7 @@ case "${1:-}" in
         -Ikernel_src/cuda -Xptxas -v $flags -o ".probe/$name" benchmarks/micro/sm90_probe.cu 2>&1 |
         grep -E "error|spill stores" | sort -u | sed "s/^/[$name] /"
     done
+    "$NVCC" -std=c++17 -O3 -arch=sm_90 -o .probe/stream_pattern benchmarks/micro/stream_pattern.cu
     ;;
   run)
     nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader
@@ -33,6 +37,7 @@ case "${1:-}" in
       echo "[variant] $name: ${flags:-defaults}"
       timeout 60 ".probe/$name" "$name" || echo "[probe] $name: exit $? (60 s limit: a hang?)"
     done
+    [ -x .probe/stream_pattern ] && timeout 60 .probe/stream_pattern
     # cuBLAS on the same products (the GEMM alone, no epilogue), timed the same way.
     python3 - <<'PY' || true
 import torch

@@ -57,7 +57,10 @@ namespace sm90 {
 
 constexpr int kBM = 128;  // rows of x per tile (two MMA warp groups of 64)
 constexpr int kBK = 64;   // K per stage: 64 x 2 bytes = one 128-byte swizzle row
-constexpr int kStages = 3;
+#ifndef FUSED_MLP_SM90_STAGES
+#define FUSED_MLP_SM90_STAGES 3  // an experiment switch (see below): 2 frees 48 KB of shared memory
+#endif
+constexpr int kStages = FUSED_MLP_SM90_STAGES;
 constexpr int kGroupM = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
 constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 
@@ -135,6 +138,8 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 //                               3: the epilogue groups only wait and release the staging tile;
 //                               5: no arithmetic in the dh epilogue (dg | du = g | u ^ dh)
 //   FUSED_MLP_SM90_PROBE_NOMAIN 1: no main loop (no TMA loads, no MMAs; zeros are staged)
+//   FUSED_MLP_SM90_STAGES       ring stages of the main loop (3; 2 would leave room for TMA
+//                               loads of g | u: NOTES, plan of session 10)
 #ifndef FUSED_MLP_SM90_PROBE
 #define FUSED_MLP_SM90_PROBE 0
 #endif
