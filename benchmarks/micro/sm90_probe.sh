@@ -4,6 +4,7 @@
 #   bash benchmarks/micro/sm90_probe.sh build   # needs only nvcc (no GPU): binaries in .probe/
 #   bash benchmarks/micro/sm90_probe.sh run     # on the H200: one line per variant and shape
 # Each variant is the set of FUSED_MLP_SM90_* switches after its name (see the kernel header).
+# PROBE_VARIANTS="name -Dflag ...;name2 ..." replaces the list below (same value for build and run).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(

@@ -23,7 +23,7 @@
 //        overlaps the MMA warp groups' next tile.
 // The same kernel with other epilogues serves three more kinds (Epi below): the backward's
 // dh GEMM with the activation's derivative (gated and plain; its epilogue also reads the
-// saved pre-activations, 4 x the forward's bytes, so warps 1-3 of WG0 join it: 224
+// saved pre-activations, several times the forward's bytes, so warps 1-3 of WG0 join it: 224
 // epilogue threads, see epilogue_threads), and the plain MLP's first GEMM + bias + activation.
 // g and u are rounded to the input dtype before the activation, as eager PyTorch,
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
@@ -99,8 +99,8 @@ struct Params {
   int tiles_m, tiles_n;
 };
 
-// Threads of the epilogue: for the dh kinds, whose epilogue moves 4 x the bytes of the
-// forward kinds' (g | u in, dg | du out), the epilogue group plus warps 1-3 of the
+// Threads of the epilogue: for the dh kinds, whose epilogue moves 8 bytes per output element
+// (g, u in; dg, du out: 128 KB each way per tile) against the forward kinds' 1-3, the epilogue group plus warps 1-3 of the
 // producer's group (warp 0 keeps the producer thread): 224 threads, registers 96 / 160 / 96
 // (producer's group, MMA groups, epilogue group: 512 x 128 in all; FUSED_MLP_SM90_DH_REGS_*
 // below). Elsewhere the epilogue group alone, 40 / 192 / 88. (Five warp groups do not fit:
@@ -334,8 +334,9 @@ __device__ __forceinline__ float epilogue_act(float v) {
 
 // (act(x), act'(x)) for the dh epilogue: the derivatives of the Triton backward
 // (triton_gemm._activation_and_grad), with its tanh.approx forms for the sigmoid-based ones;
-// silu and gelu_tanh rearranged into fewer instructions (14 instead of 16 per element with
-// the products: 1.7 us of 105 at GeGLU d768, NOTES session 10).
+// silu and gelu_tanh rearranged into fewer floating-point operations (14 instead of 16 per
+// element with the products, counted in the source, not in the SASS; measured 1.7 us of 105
+// at GeGLU d768, NOTES session 10).
 template <Activation A>
 __device__ __forceinline__ void act_and_grad(float x, float& a, float& d) {
   if constexpr (A == Activation::kSilu) {
