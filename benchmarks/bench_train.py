@@ -45,6 +45,10 @@ timing measured Python and launches, not kernels.
                     derivative epilogue (in place) vs dy Wd; the dual-operand dx kernel vs
                     mm + addmm_
 
+--profile also runs 5 steps of each implementation under torch.profiler and prints the GPU
+kernels of one step with their times (profile_post.kernel_table), stored under "profile" in
+the JSON: where each implementation's step time goes.
+
 Output: a table on stdout, JSON in --out (rows of {case, timing, ours_ms, peers_ms,
 ours_recompute_ms, peak_mem_mb, floor_ms}).
 """
@@ -261,7 +265,7 @@ def run(args) -> dict:
     skip = set(filter(None, (args.skip_peers or "").split(",")))
     liger = None if "liger" in skip else load_liger()
 
-    rows, verification, variants = [], {}, {}
+    rows, verification, variants, profiles = [], {}, {}, {}
     for i, c in enumerate(cases):
         tc = time.time()
         compiled = None
@@ -338,6 +342,8 @@ def run(args) -> dict:
                          "ours_recompute_ms": gtimes["ours_recompute"], **grounds})
         if args.variants:
             variants[c.name] = run_variants(c, t, fm, bench, fwds, ref)
+        if args.profile and device == "cuda":
+            profiles[c.name] = profile_steps(c.name, steps, ps)
         del t, ps, dy, ref, fwds, steps
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -356,7 +362,42 @@ def run(args) -> dict:
     }
     if args.variants:
         res["variants"] = variants
+    if args.profile:
+        res["profile"] = profiles
     return res
+
+
+def profile_steps(case: str, steps: dict, ps: list, n: int = 5) -> dict:
+    """The GPU kernels of one training step per implementation (torch.profiler over n steps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from profile_post import kernel_table
+
+    out = {}
+    for name, step in steps.items():
+        if step is None:
+            continue
+        for _ in range(3):
+            for p in ps:
+                p.grad = None
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                for p in ps:
+                    p.grad = None
+                step()
+            torch.cuda.synchronize()
+        rows = kernel_table(prof, n)
+        total = sum(r[2] for r in rows)
+        print(f"[profile] {case} {name}: {sum(r[1] for r in rows):.0f} kernels, {total:.1f} us of GPU time per step")
+        for kname, calls, us in rows[:14]:
+            print(f"[profile]    {kname[:100]:100s} {calls:4.1f} {us:8.1f}")
+        out[name] = {"gpu_us_per_step": total,
+                     "kernels": [{"name": k, "calls_per_step": c, "us_per_step": u} for k, c, u in rows]}
+    for p in ps:
+        p.grad = None
+    return out
 
 
 def run_variants(c: Case, t: dict, fm, bench, fwds, ref) -> dict:
@@ -483,6 +524,7 @@ def main() -> None:
     p.add_argument("--cases", default=None, help="comma-separated substrings of case names (e.g. geglu,swiglu)")
     p.add_argument("--variants", action="store_true", help="also time our backward's alternatives (see above)")
     p.add_argument("--graph", action="store_true", help="also time each step as a CUDA-graph replay (see above)")
+    p.add_argument("--profile", action="store_true", help="also list each step's GPU kernels (see above)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
     p.add_argument("--repo-id", default="org/fused-mlp")
     p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")
