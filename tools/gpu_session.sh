@@ -108,7 +108,8 @@ if has bench-mlp; then
 fi
 if has bench-train; then
   step bench-train
-  $PY benchmarks/bench_train.py --out "$OUT/mlp_train_h200.json" ${BENCH_TRAIN_ARGS:-} 2>&1 | tail -30 | tee -a "$LOG"
+  $PY benchmarks/bench_train.py --out "$OUT/mlp_train_h200.json" ${BENCH_TRAIN_ARGS:-} > "$OUT/bench_train.txt" 2>&1
+  grep -v "^\[profile\]" "$OUT/bench_train.txt" | tail -30 | tee -a "$LOG"
 fi
 if has mem-trace; then
   step "mem-trace ${MEM_TRACE_ARGS:-}"
