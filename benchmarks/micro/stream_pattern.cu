@@ -1,13 +1,15 @@
 // Is the dh epilogue's memory traffic slow because of its access pattern? (NOTES, session 10:
 // alone, without arithmetic, it moves GeGLU d768's 200 MB in ~70 us, 2.9 TB/s, whatever the
 // loads in flight; a device copy does 4.2 TB/s.) This streams the same bytes with no GEMM:
-// read g | u of pre [M, 2N] bf16, write dg | du (here g ^ u and u) to out [M, 2N], in three orders:
+// read g | u of pre [M, 2N] bf16, write dg | du (here g ^ u and u) to out [M, 2N] (or in place).
+// One kernel, three knobs, so that the access pattern and the parallelism are varied apart:
 //
-//   rows       every thread moves 16-byte pieces of whole rows, grid-stride (a copy's pattern)
-//   tiles256   persistent CTAs (one per SM, 224 threads) walk 128 x 256 tiles in the dh
-//              kernel's order (groups of 8 row blocks): per tile and row, 512 bytes of g and
-//              512 of u, as the kernel's epilogue reads them (and writes dg | du)
-//   tiles512   the same with 128 x 512 tiles (rows of 1 KB per array)
+//   order   rows: the whole array as one grid-stride stream of 16-byte pieces (a copy's pattern)
+//           tiles: CTAs walk 128 x TN tiles (TN = 256 as the dh kernel, or 512) in the dh
+//           kernel's grouped order (G row blocks per group: 8 as the kernel, 1 = row-major,
+//           64 = column-major); per tile and row, TN * 2 bytes of g and of u, rows 12 KB apart
+//   depth   pieces (of g and of u) each thread loads before it stores any: bytes in flight
+//   grid    CTAs x threads: one 224-thread CTA per SM as the kernel's epilogue, or more
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -o .probe/stream_pattern benchmarks/micro/stream_pattern.cu
 //   .probe/stream_pattern
@@ -25,44 +27,65 @@
 
 #include "cuda_check.h"
 
-constexpr int kM = 8192, kN = 3072;  // GeGLU d768's dh: pre and out are [kM, 2 kN] bf16
+constexpr int kM = 8192, kN = 3072;          // GeGLU d768's dh: pre and out are [kM, 2 kN] bf16
+constexpr int64_t kRowPieces = 2 * kN / 8;   // 16-byte pieces per row of pre
+constexpr int64_t kHalf = kN / 8;            // from a piece of g to the matching piece of u
 
-__device__ __forceinline__ void move(const uint4* src, uint4* dst, int64_t n_off) {
-  // one 16-byte piece of g and the matching piece of u
-  const uint4 g = src[0];
-  const uint4 u = src[n_off];
-  dst[0] = make_uint4(g.x ^ u.x, g.y ^ u.y, g.z ^ u.z, g.w ^ u.w);
-  dst[n_off] = u;
-}
-
-__global__ void rows_kernel(const uint4* pre, uint4* out) {
-  constexpr int64_t kPiecesPerRow = kN / 8;  // 16-byte pieces of g in a row
-  const int64_t total = int64_t(kM) * kPiecesPerRow;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t m = i / kPiecesPerRow, c = i % kPiecesPerRow;
-    const int64_t off = m * 2 * kPiecesPerRow + c;
-    move(pre + off, out + off, kPiecesPerRow);
+// Offset (in 16-byte pieces) of the g piece of item e: rows order when TN == 0, else item e of
+// tile t (128 rows x TN / 8 pieces, row-major inside the tile) in the grouped tile order.
+template <int TN>
+__device__ __forceinline__ int64_t item_offset(int64_t e, int t, int group_m) {
+  if constexpr (TN == 0) {
+    return (e / kHalf) * kRowPieces + e % kHalf;
+  } else {
+    constexpr int kChunks = TN / 8, tiles_m = kM / 128, tiles_n = kN / TN;
+    const int per_group = group_m * tiles_n, first_m = (t / per_group) * group_m;
+    const int rows = min(tiles_m - first_m, group_m), r = t % per_group;
+    const int m0 = (first_m + r % rows) * 128, n0 = (r / rows) * TN;
+    return int64_t(m0 + e / kChunks) * kRowPieces + n0 / 8 + e % kChunks;
   }
 }
 
-// 128 x TN tiles in the order of the dh kernel (tile_coords with kGroupM = 8), 224 threads.
-template <int TN>
-__global__ void __launch_bounds__(224) tiles_kernel(const uint4* pre, uint4* out) {
-  constexpr int kChunks = TN / 8;              // 16-byte pieces per tile row (g part)
-  constexpr int64_t kRowPieces = 2 * kN / 8;   // pieces per row of pre
-  constexpr int tiles_m = kM / 128, tiles_n = (kN + TN - 1) / TN;
-  const int tiles = tiles_m * tiles_n;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int per_group = 8 * tiles_n, first_m = (t / per_group) * 8;
-    const int rows = min(tiles_m - first_m, 8), r = t % per_group;
-    const int m0 = (first_m + r % rows) * 128, n0 = (r / rows) * TN;
-    for (int e = threadIdx.x; e < 128 * kChunks; e += blockDim.x) {
-      const int row = e / kChunks, chunk = e % kChunks;
-      if (n0 + chunk * 8 >= kN) continue;
-      const int64_t off = int64_t(m0 + row) * kRowPieces + (n0 / 8 + chunk);
-      move(pre + off, out + off, kN / 8);
+// Mode 0: read g | u, write both; 1: read only (an impossible test keeps the loads); 2: write only.
+template <int TN, int Depth, int Mode = 0>
+__global__ void stream_kernel(const uint4* __restrict__ pre, uint4* __restrict__ out, int group_m) {
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  static_assert(TN == 0 || kN % (TN == 0 ? 1 : TN) == 0, "whole tiles only");
+  // rows: one "tile" holding every item, walked by the whole grid
+  const int64_t items = TN == 0 ? int64_t(kM) * kHalf : 128 * (TN / 8);
+  const int tiles = TN == 0 ? 1 : (kM / 128) * (kN / TN);
+  const int64_t first = TN == 0 ? int64_t(blockIdx.x) * blockDim.x + threadIdx.x : threadIdx.x;
+  const int64_t stride = TN == 0 ? int64_t(gridDim.x) * blockDim.x : blockDim.x;
+  for (int t = TN == 0 ? 0 : blockIdx.x; t < tiles; t += TN == 0 ? 1 : gridDim.x) {
+    for (int64_t e0 = first; e0 < items; e0 += stride * Depth) {
+      uint4 g[Depth], u[Depth];
+      int64_t off[Depth];
+#pragma unroll
+      for (int j = 0; j < Depth; ++j) {
+        const int64_t e = e0 + j * stride;
+        off[j] = e < items ? item_offset<TN>(e, t, group_m) : -1;
+        if (off[j] >= 0 && Mode != 2) {
+          g[j] = pre[off[j]];
+          u[j] = pre[off[j] + kHalf];
+        }
+        if (Mode == 2) {
+          g[j] = make_uint4(uint32_t(off[j]), 1, 2, 3);
+          u[j] = make_uint4(4, 5, 6, uint32_t(off[j]));
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < Depth; ++j) {
+        if (Mode == 1 && off[j] >= 0) {
+          acc.x ^= g[j].x ^ u[j].w;
+          acc.y += g[j].y ^ u[j].z;
+        } else if (off[j] >= 0) {
+          out[off[j]] = make_uint4(g[j].x ^ u[j].x, g[j].y ^ u[j].y, g[j].z ^ u[j].z, g[j].w ^ u[j].w);
+          out[off[j] + kHalf] = u[j];
+        }
+      }
     }
   }
+  if (Mode == 1 && acc.x == 0x9e3779b9u && acc.y == 0x7f4a7c15u) out[threadIdx.x] = acc;
 }
 
 static bool check(const std::vector<uint16_t>& pre, const std::vector<uint16_t>& out) {
@@ -83,23 +106,26 @@ int main() {
   CK(cudaMalloc(&pre, bytes));
   CK(cudaMalloc(&out, bytes));
   CK(cudaMalloc(&flush, size_t(256) << 20));
-  CK(cudaMemcpy(pre, host.data(), bytes, cudaMemcpyHostToDevice));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  const auto time = [&](const char* name, bool checked, auto launch) {
-    CK(cudaMemset(out, 0xff, bytes));
-    launch();
+  // launch(src, dst): dst == src for the in-place variants (out holds a copy of pre then)
+  // traffic: 2 = read and write (all bytes twice), 1 = read only or write only
+  const auto time = [&](const char* name, bool checked, bool inplace, auto launch, int traffic = 2) {
+    CK(cudaMemcpy(pre, host.data(), bytes, cudaMemcpyHostToDevice));
+    if (inplace) CK(cudaMemcpy(out, pre, bytes, cudaMemcpyDeviceToDevice));
+    else CK(cudaMemset(out, 0xff, bytes));
+    launch(inplace ? out : pre, out);
     CK(cudaGetLastError());
     CK(cudaMemcpy(back.data(), out, bytes, cudaMemcpyDeviceToHost));
     const bool ok = !checked || check(host, back);
     std::vector<float> ms;
-    for (int r = 0; r < 43; ++r) {
+    for (int r = 0; r < 43; ++r) {  // in place, g toggles between g and g ^ u: same traffic
       CK(cudaMemsetAsync(flush, r & 0xff, size_t(256) << 20));
       CK(cudaEventRecord(e0));
-      launch();
+      launch(inplace ? out : pre, out);
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float t;
@@ -108,12 +134,38 @@ int main() {
     }
     std::sort(ms.begin(), ms.end());
     const double med = ms[ms.size() / 2] * 1e3;
-    std::printf("[stream] %-10s median %7.1f us  min %7.1f  %5.2f TB/s (read + write)  check %s\n", name, med,
-                ms[0] * 1e3, 2.0 * bytes / med * 1e-6, !checked ? "skipped" : ok ? "ok" : "FAIL");
+    std::printf("[stream] %-32s median %7.1f us  min %7.1f  %5.2f TB/s  check %s\n", name, med,
+                ms[0] * 1e3, traffic * double(bytes) / med * 1e-6, !checked ? "skipped" : ok ? "ok" : "FAIL");
   };
-  time("copy", false, [&] { CK(cudaMemcpyAsync(out, pre, bytes, cudaMemcpyDeviceToDevice)); });
-  time("rows", true, [&] { rows_kernel<<<sms * 8, 256>>>(pre, out); });
-  time("tiles256", true, [&] { tiles_kernel<256><<<sms, 224>>>(pre, out); });
-  time("tiles512", true, [&] { tiles_kernel<512><<<sms, 224>>>(pre, out); });
+  time("copy", false, false, [&](uint4* src, uint4* dst) {
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  });
+  // name: order / grid (CTAs per SM x threads) / depth
+#define RUN(name, inplace, TN, D, ctas_per_sm, threads, group)                              \
+  time(name, true, inplace, [&](uint4* src, uint4* dst) {                                  \
+    stream_kernel<TN, D><<<sms * (ctas_per_sm), threads>>>(src, dst, group);               \
+  })
+  RUN("rows     8x256 d1", false, 0, 1, 8, 256, 1);
+  RUN("rows     1x224 d1", false, 0, 1, 1, 224, 1);
+  RUN("rows     1x224 d4", false, 0, 4, 1, 224, 1);
+  RUN("rows     1x224 d4 inplace", true, 0, 4, 1, 224, 1);
+  RUN("tiles256 g8 1x224 d1", false, 256, 1, 1, 224, 8);
+  RUN("tiles256 g8 1x224 d4", false, 256, 4, 1, 224, 8);
+  RUN("tiles256 g8 1x224 d4 inplace", true, 256, 4, 1, 224, 8);
+  RUN("tiles256 g8 1x224 d8", false, 256, 8, 1, 224, 8);
+  RUN("tiles256 g8 4x224 d4", false, 256, 4, 4, 224, 8);
+  RUN("tiles256 g1 1x224 d4", false, 256, 4, 1, 224, 1);
+  RUN("tiles256 g64 1x224 d4", false, 256, 4, 1, 224, 64);
+  RUN("tiles512 g8 1x224 d4", false, 512, 4, 1, 224, 8);
+#define RUN1(name, TN, mode, group)                                                         \
+  time(name, false, false, [&](uint4* src, uint4* dst) {                                   \
+    stream_kernel<TN, 4, mode><<<sms, 224>>>(src, dst, group);                              \
+  }, 1)
+  RUN1("rows     1x224 d4 read only", 0, 1, 1);
+  RUN1("rows     1x224 d4 write only", 0, 2, 1);
+  RUN1("tiles256 g8 1x224 d4 read only", 256, 1, 8);
+  RUN1("tiles256 g8 1x224 d4 write only", 256, 2, 8);
+#undef RUN
+#undef RUN1
   return 0;
 }
