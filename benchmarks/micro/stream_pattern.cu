@@ -47,7 +47,10 @@ __device__ __forceinline__ int64_t item_offset(int64_t e, int t, int group_m) {
 }
 
 // Mode 0: read g | u, write both; 1: read only (an impossible test keeps the loads); 2: write only.
-template <int TN, int Depth, int Mode = 0>
+// Lead > 0 (tiles only): before each batch, bulk L2 prefetches of the g and u row pieces Lead
+// rows ahead of the batch's first row (into the CTA's next tile past row 127): bytes requested
+// ahead without registers.
+template <int TN, int Depth, int Mode = 0, int Lead = 0>
 __global__ void stream_kernel(const uint4* __restrict__ pre, uint4* __restrict__ out, int group_m) {
   uint4 acc = make_uint4(0, 0, 0, 0);
   static_assert(TN == 0 || kN % (TN == 0 ? 1 : TN) == 0, "whole tiles only");
@@ -58,6 +61,18 @@ __global__ void stream_kernel(const uint4* __restrict__ pre, uint4* __restrict__
   const int64_t stride = TN == 0 ? int64_t(gridDim.x) * blockDim.x : blockDim.x;
   for (int t = TN == 0 ? 0 : blockIdx.x; t < tiles; t += TN == 0 ? 1 : gridDim.x) {
     for (int64_t e0 = first; e0 < items; e0 += stride * Depth) {
+      if constexpr (Lead > 0 && TN > 0) {
+        constexpr int kChunks = TN / 8;
+        const int batch_rows = int(stride) * Depth / kChunks, i = threadIdx.x;
+        if (i < 2 * batch_rows) {
+          int row = int((e0 - first) / kChunks) + Lead + i / 2, tile = t;
+          if (row >= 128) row -= 128, tile += gridDim.x;
+          if (tile < tiles) {
+            const uint4* p = pre + item_offset<TN>(int64_t(row) * kChunks, tile, group_m) + (i % 2) * kHalf;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(TN * 2) : "memory");
+          }
+        }
+      }
       uint4 g[Depth], u[Depth];
       int64_t off[Depth];
 #pragma unroll
@@ -157,6 +172,17 @@ int main() {
   RUN("tiles256 g1 1x224 d4", false, 256, 4, 1, 224, 1);
   RUN("tiles256 g64 1x224 d4", false, 256, 4, 1, 224, 64);
   RUN("tiles512 g8 1x224 d4", false, 512, 4, 1, 224, 8);
+#define RUNPF(name, D, lead)                                                                \
+  time(name, true, true, [&](uint4* src, uint4* dst) {                                     \
+    stream_kernel<256, D, 0, lead><<<sms, 224>>>(src, dst, 8);                               \
+  })
+  RUN("tiles256 g8 1x224 d2 inplace", true, 256, 2, 1, 224, 8);
+  RUNPF("tiles256 g8 1x224 d2 inplace pf16", 2, 16);
+  RUNPF("tiles256 g8 1x224 d2 inplace pf32", 2, 32);
+  RUNPF("tiles256 g8 1x224 d2 inplace pf64", 2, 64);
+  RUNPF("tiles256 g8 1x224 d4 inplace pf32", 4, 32);
+  RUNPF("tiles256 g8 1x224 d1 inplace pf32", 1, 32);
+#undef RUNPF
 #define RUN1(name, TN, mode, group)                                                         \
   time(name, false, false, [&](uint4* src, uint4* dst) {                                   \
     stream_kernel<TN, 4, mode><<<sms, 224>>>(src, dst, group);                              \
