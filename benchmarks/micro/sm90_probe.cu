@@ -5,7 +5,11 @@
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
 //        -Ikernel_src/common -Ikernel_src/cuda [-DFUSED_MLP_SM90_DH_HELPERS=0] \
 //        -o .probe/dh_base benchmarks/micro/sm90_probe.cu
-//   .probe/dh_base [label] [inplace]
+//   .probe/dh_base [label] [inplace | fwd]
+//
+// "fwd" times the gated forward kind instead (h = act(x Wg^T) * (x Wu^T), and g | u into
+// pre for training): GeGLU d768 with and without pre (and with biases), SwiGLU M 4096 with
+// and without pre.
 //
 // For each shape (GeGLU d768: M 8192, K 768, N 3072, gelu_tanh; SwiGLU d4096: M 4096,
 // K 4096, N 14336, silu) it checks 512 sampled outputs against a float64 host computation
@@ -20,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -164,8 +169,135 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   cudaFree(flush);
 }
 
+// The gated forward kind: x [M, K], Wg and Wu [N, K] (nn.Linear), h [M, N], pre [M, 2N] if train.
+template <Activation A>
+static void run_fwd(const char* label, const char* shape, int M, int K, int N, bool train, bool bias) {
+  std::mt19937 rng(4321);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<bf16> x(size_t(M) * K), wg(size_t(N) * K), wu(size_t(N) * K);
+  const float ws = 1.0f / std::sqrt(float(K));
+  for (auto& v : x) v = __float2bfloat16(nd(rng));
+  for (auto& v : wg) v = __float2bfloat16(nd(rng) * ws);
+  for (auto& v : wu) v = __float2bfloat16(nd(rng) * ws);
+  std::vector<bf16> bg(N), bu(N);
+  for (int n = 0; n < N; ++n) {
+    bg[n] = __float2bfloat16(bias ? nd(rng) : 0.0f);
+    bu[n] = __float2bfloat16(bias ? nd(rng) : 0.0f);
+  }
+  bf16 *d_x, *d_wg, *d_wu, *d_h, *d_pre = nullptr, *d_bg, *d_bu;
+  CK(cudaMalloc(&d_bg, size_t(N) * 2));
+  CK(cudaMalloc(&d_bu, size_t(N) * 2));
+  CK(cudaMemcpy(d_bg, bg.data(), size_t(N) * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_bu, bu.data(), size_t(N) * 2, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d_x, x.size() * 2));
+  CK(cudaMalloc(&d_wg, wg.size() * 2));
+  CK(cudaMalloc(&d_wu, wu.size() * 2));
+  CK(cudaMalloc(&d_h, size_t(M) * N * 2));
+  if (train) CK(cudaMalloc(&d_pre, size_t(M) * 2 * N * 2));
+  CK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_wg, wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d_wu, wu.data(), wu.size() * 2, cudaMemcpyHostToDevice));
+  void* flush;
+  const size_t flush_bytes = size_t(256) << 20;
+  CK(cudaMalloc(&flush, flush_bytes));
+  constexpr int BN = 128;
+  const CUtensorMap mx = map2d(d_x, M, K, s::kBK, s::kBM);
+  const CUtensorMap mg = map2d(d_wg, N, K, s::kBK, BN);
+  const CUtensorMap mu = map2d(d_wu, N, K, s::kBK, BN);
+  s::Params p{};
+  p.out = d_h;
+  p.pre = d_pre;
+  p.bg = bias ? d_bg : nullptr;
+  p.bu = bias ? d_bu : nullptr;
+  p.ldo = N;
+  p.ldp = 2 * N;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.tiles_m = (M + s::kBM - 1) / s::kBM;
+  p.tiles_n = (N + BN - 1) / BN;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto kernel = s::gated_gemm_kernel<bf16, A, BN, s::Epi::kGatedFwd, false>;
+  constexpr int kSmem = s::Layout<BN>::kSmemBytes;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const int grid = std::min(p.tiles_m * p.tiles_n, sms);
+  CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
+  if (train) CK(cudaMemset(d_pre, 0xff, size_t(M) * 2 * N * 2));
+  kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  int bad = 0;
+  double worst = 0.0;
+  if (FUSED_MLP_SM90_PROBE == 0) {
+    std::vector<bf16> h(size_t(M) * N), pre(train ? size_t(M) * 2 * N : 0);
+    CK(cudaMemcpy(h.data(), d_h, h.size() * 2, cudaMemcpyDeviceToHost));
+    if (train) CK(cudaMemcpy(pre.data(), d_pre, pre.size() * 2, cudaMemcpyDeviceToHost));
+    std::uniform_int_distribution<int> um(0, M - 1), un(0, N - 1);
+    for (int i = 0; i < 512; ++i) {
+      const int m = um(rng), n = un(rng);
+      double g = bf(bg[n]), u = bf(bu[n]);
+      for (int k = 0; k < K; ++k) {
+        g += double(bf(x[size_t(m) * K + k])) * bf(wg[size_t(n) * K + k]);
+        u += double(bf(x[size_t(m) * K + k])) * bf(wu[size_t(n) * K + k]);
+      }
+      g = round_bf(g);  // rounded before the activation, as the kernel (and eager) do
+      u = round_bf(u);
+      double f, d;
+      act_grad(A, g, f, d);
+      std::vector<std::pair<double, double>> pairs = {{bf(h[size_t(m) * N + n]), f * u}};
+      if (train) {
+        pairs.push_back({bf(pre[size_t(m) * 2 * N + n]), g});
+        pairs.push_back({bf(pre[size_t(m) * 2 * N + N + n]), u});
+      }
+      for (const auto& [got, want] : pairs) {
+        const double err = std::fabs(got - want) / (std::fabs(want) + 0.05);
+        worst = std::max(worst, err);
+        if (!(err < 0.03)) ++bad;
+      }
+    }
+  }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < 43; ++r) {
+    CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
+    CK(cudaEventRecord(e0));
+    kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 3) ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2] * 1e3, lo = ms[0] * 1e3;
+  const double flops = 4.0 * M * K * double(N);
+  std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)\n", label,
+              shape, train ? "fwd train" : "fwd      ", bias ? " bias" : "     ", med, lo, flops / med * 1e-6,
+              FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
+  cudaFree(d_x);
+  cudaFree(d_wg);
+  cudaFree(d_wu);
+  cudaFree(d_h);
+  if (d_pre) cudaFree(d_pre);
+  cudaFree(d_bg);
+  cudaFree(d_bu);
+  cudaFree(flush);
+}
+
 int main(int argc, char** argv) {
   const char* label = argc > 1 ? argv[1] : "variant";
+  if (argc > 2 && std::string(argv[2]) == "fwd") {
+    run_fwd<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, true, false);
+    run_fwd<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, false, false);
+    run_fwd<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, true, true);
+    run_fwd<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, true, false);
+    run_fwd<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, false, false);
+    return 0;
+  }
   const bool inplace = argc > 2 && std::string(argv[2]) == "inplace";
   run<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, inplace);
   run<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, inplace);

@@ -5,6 +5,7 @@
 #   bash benchmarks/micro/sm90_probe.sh run     # on the H200: one line per variant and shape
 # Each variant is the set of FUSED_MLP_SM90_* switches after its name (see the kernel header).
 # PROBE_VARIANTS="name -Dflag ...;name2 ..." replaces the list below (same value for build and run).
+# Variants whose name starts with "fwd" time the gated forward kind (sm90_probe.cu's "fwd" mode).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
@@ -16,6 +17,9 @@ VARIANTS=(
   "empty    -DFUSED_MLP_SM90_PROBE=3"
   "empty_2stages -DFUSED_MLP_SM90_PROBE=3 -DFUSED_MLP_SM90_STAGES=2"
   "shipped_2stages -DFUSED_MLP_SM90_STAGES=2"
+  "fwd_shipped"
+  "fwd_empty -DFUSED_MLP_SM90_PROBE=3"
+  "fwd_helpers -DFUSED_MLP_SM90_FWD_HELPERS=1"
 )
 [ -n "${PROBE_VARIANTS:-}" ] && mapfile -t VARIANTS < <(printf '%s\n' "${PROBE_VARIANTS}" | tr ';' '\n')
 NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
@@ -36,7 +40,9 @@ case "${1:-}" in
     for v in "${VARIANTS[@]}"; do
       read -r name flags <<<"$v"
       echo "[variant] $name: ${flags:-defaults}"
-      timeout 60 ".probe/$name" "$name" || echo "[probe] $name: exit $? (60 s limit: a hang?)"
+      mode=""
+      [[ "$name" == fwd* ]] && mode=fwd
+      timeout 60 ".probe/$name" "$name" $mode || echo "[probe] $name: exit $? (60 s limit: a hang?)"
     done
     [ -x .probe/stream_pattern ] && timeout 60 .probe/stream_pattern
     # cuBLAS on the same products (the GEMM alone, no epilogue), timed the same way.

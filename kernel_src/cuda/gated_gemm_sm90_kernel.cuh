@@ -110,9 +110,15 @@ struct Params {
 #ifndef FUSED_MLP_SM90_DH_HELPERS
 #define FUSED_MLP_SM90_DH_HELPERS 1
 #endif
+#ifndef FUSED_MLP_SM90_FWD_HELPERS  // the same for the gated forward kind (an experiment switch)
+#define FUSED_MLP_SM90_FWD_HELPERS 0
+#endif
 template <Epi E>
 __host__ __device__ constexpr int epilogue_threads() {
-  return (FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ? 224 : 128;
+  return ((FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ||
+          (FUSED_MLP_SM90_FWD_HELPERS && E == Epi::kGatedFwd))
+             ? 224
+             : 128;
 }
 constexpr int kThreads = 512;
 // The dh kinds' register split: MMA groups FUSED_MLP_SM90_DH_REGS_MMA, the two groups with
@@ -527,6 +533,52 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   }
 }
 
+// The epilogue threads of the gated forward kind (kEpiThreads of them, tid 0 .. kEpiThreads - 1).
+// Item e = tid + kEpiThreads i covers columns [8 (e % C), + 8) of row e / C of the staged
+// tile (C = BN / 8 chunks per row): consecutive threads store consecutive 16 bytes of a row
+// of h (and of g | u into pre when training).
+template <typename T, Activation A, int BN, int kEpiThreads>
+__device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
+                                                   uint64_t* staged, uint64_t* freed, int tid) {
+  constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
+  uint32_t it = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+    int m0, n0;
+    tile_coords<BN>(t, p, m0, n0);
+    bar_wait(staged, it & 1);
+#if FUSED_MLP_SM90_PROBE == 3
+    bar_arrive(freed);
+    continue;
+#endif
+#pragma unroll 2
+    for (int e = tid; e < kBM * kChunks; e += kEpiThreads) {
+      const int r = e / kChunks, chunk = e % kChunks;
+      const int col = n0 + chunk * 8;
+      const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
+      const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
+      const int m = m0 + r;
+      if (col >= p.N || m >= p.M) continue;
+      const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+      const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
+      uint32_t hw[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 g = unpack2<T>(gw[k]);
+        const float2 u = unpack2<T>(uw[k]);
+        hw[k] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+      }
+      T* out = static_cast<T*>(p.out) + m * p.ldo + col;
+      *reinterpret_cast<uint4*>(out) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+      if (p.pre != nullptr) {  // g | u as staged (biases included)
+        T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
+        *reinterpret_cast<uint4*>(pre) = gv;
+        *reinterpret_cast<uint4*>(pre + p.N) = uv;
+      }
+    }
+    bar_arrive(freed);
+  }
+}
+
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
@@ -570,7 +622,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if constexpr (kHelpers) {
-      if (tid >= 32) wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
+      if (tid >= 32) {
+        if constexpr (kFwd) gated_fwd_epilogue<T, A, BN, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
+        else wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
+      }
     }
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
@@ -608,19 +663,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* bu = static_cast<const T*>(p.bu);
     uint32_t c = 0, it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
-      // The biases of this thread's accumulator columns (8 j + 2 (lane % 4) + {0, 1} of
-      // n8 block j), loaded now so the loads' latency hides behind the K loop; added to
-      // the fp32 accumulators before g and u are rounded once, as cuBLAS's bias epilogue.
+      // The biases of the tile's columns, loaded now so the loads' latency hides behind the
+      // K loop, and added to the fp32 accumulators before g and u are rounded once, as
+      // cuBLAS's bias epilogue. Word w (columns n0 + 2 w, + 1) of each bias lives in lane
+      // w % 32 of every warp, register w / 32: four registers a thread instead of BN / 4
+      // (the staging below fetches the words it needs with shuffles). Biases only exist in
+      // the forward kinds.
       int m0, n0;
       tile_coords<kTileN>(t, p, m0, n0);
-      uint32_t bias_g[BN / 8], bias_u[BN / 8];
+      uint32_t bias_w[4];  // g words lane, 32 + lane; then u's
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = n0 + 8 * j + 2 * (lane % 4);
-        const int col_u = kFwd ? col : col + BN;  // the second accumulator's columns
+      for (int i = 0; i < 4; ++i) {
+        const int w = 32 * (i % 2) + lane;
+        const int col = n0 + 2 * w + ((i >= 2 && !kFwd) ? BN : 0);  // the second accumulator's columns
+        const T* b = i < 2 ? bg : bu;
         // N is a multiple of 8: col + 1 is in too
-        bias_g[j] = (!kDh && col < p.N && bg != nullptr) ? *reinterpret_cast<const uint32_t*>(bg + col) : 0u;
-        bias_u[j] = (!kDh && col_u < p.N && bu != nullptr) ? *reinterpret_cast<const uint32_t*>(bu + col_u) : 0u;
+        bias_w[i] = (!kDh && 2 * w < BN && col < p.N && b != nullptr) ? *reinterpret_cast<const uint32_t*>(b + col) : 0u;
       }
 #if FUSED_MLP_SM90_PROBE_NOMAIN
 #pragma unroll
@@ -668,8 +726,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int col = (2 * j + (q >> 1)) * 8;
         const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
         const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
-        stage_pair<T>(ag, acc_g, j, bias_g[2 * j], bias_g[2 * j + 1]);
-        stage_pair<T>(au, acc_u, j, bias_u[2 * j], bias_u[2 * j + 1]);
+        // this thread's columns of n8 blocks 2 j and 2 j + 1 are words 8 j + lane % 4 and
+        // that + 4: register j / 4, lanes 8 (j % 4) + lane % 4 (+ 4)
+        const int l0 = 8 * (j % 4) + lane % 4;
+        uint32_t bg0 = 0u, bg1 = 0u, bu0 = 0u, bu1 = 0u;
+        if constexpr (!kDh) {
+          bg0 = __shfl_sync(0xffffffffu, bias_w[j / 4], l0);
+          bg1 = __shfl_sync(0xffffffffu, bias_w[j / 4], l0 + 4);
+          bu0 = __shfl_sync(0xffffffffu, bias_w[2 + j / 4], l0);
+          bu1 = __shfl_sync(0xffffffffu, bias_w[2 + j / 4], l0 + 4);
+        }
+        stage_pair<T>(ag, acc_g, j, bg0, bg1);
+        stage_pair<T>(au, acc_u, j, bu0, bu1);
       }
       bar_arrive(staged);
     }
@@ -677,42 +745,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
     if constexpr (kFwd) {
-      // Item e = tid + 128 i covers columns [8 * (e % C), + 8) of row e / C (C = BN / 8
-      // chunks per row): consecutive threads store consecutive 16 bytes of a row.
-      constexpr int kChunks = BN / 8;
-      uint32_t it = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
-        int m0, n0;
-        tile_coords<kTileN>(t, p, m0, n0);
-        bar_wait(staged, it & 1);
-  #pragma unroll 2
-        for (int i = 0; i < kChunks; ++i) {
-          const int e = tid + 128 * i;
-          const int r = e / kChunks, chunk = e % kChunks;
-          const int col = n0 + chunk * 8;
-          const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
-          const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
-          const int m = m0 + r;
-          if (col >= p.N || m >= p.M) continue;
-          const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
-          const uint32_t uw[4] = {uv.x, uv.y, uv.z, uv.w};
-          uint32_t hw[4];
-  #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 g = unpack2<T>(gw[k]);
-            const float2 u = unpack2<T>(uw[k]);
-            hw[k] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
-          }
-          T* out = static_cast<T*>(p.out) + m * p.ldo + col;
-          *reinterpret_cast<uint4*>(out) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-          if (p.pre != nullptr) {  // g | u as staged (biases included)
-            T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
-            *reinterpret_cast<uint4*>(pre) = gv;
-            *reinterpret_cast<uint4*>(pre + p.N) = uv;
-          }
-        }
-        bar_arrive(freed);
-      }
+      gated_fwd_epilogue<T, A, BN, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, tid);
     } else {
       wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, tid);
     }
