@@ -158,8 +158,13 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 //   FUSED_MLP_SM90_STREAMING    1: the epilogues' global loads and stores carry the
 //                               evict-first hint (ld / st.global.cs)
 //   FUSED_MLP_SM90_TMA_EVICT_LAST  1: the main loop's TMA loads carry an L2 evict-last policy
+//   FUSED_MLP_SM90_FWD_PACE     ns: the forward epilogue sleeps this long per item (spreads its
+//                               stores over the tile's main loop instead of a burst)
 #ifndef FUSED_MLP_SM90_STREAMING
 #define FUSED_MLP_SM90_STREAMING 0
+#endif
+#ifndef FUSED_MLP_SM90_FWD_PACE
+#define FUSED_MLP_SM90_FWD_PACE 0
 #endif
 #ifndef FUSED_MLP_SM90_TMA_EVICT_LAST
 #define FUSED_MLP_SM90_TMA_EVICT_LAST 0
@@ -592,6 +597,7 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
 #endif
 #pragma unroll 2
     for (int e = tid; e < kBM * kChunks; e += kEpiThreads) {
+      if (FUSED_MLP_SM90_FWD_PACE > 0) __nanosleep(FUSED_MLP_SM90_FWD_PACE);
       const int r = e / kChunks, chunk = e % kChunks;
       const int col = n0 + chunk * 8;
       const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
