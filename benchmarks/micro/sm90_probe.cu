@@ -9,7 +9,8 @@
 //
 // "fwd" times the gated forward kind instead (h = act(x Wg^T) * (x Wu^T), and g | u into
 // pre for training): GeGLU d768 with and without pre (and with biases), SwiGLU M 4096 with
-// and without pre.
+// and without pre; then the plain forward kind (act(x W1^T + b1), and x W1^T + b1 into pre
+// for training) at d768.
 //
 // For each shape (GeGLU d768: M 8192, K 768, N 3072, gelu_tanh; SwiGLU d4096: M 4096,
 // K 4096, N 14336, silu) it checks 512 sampled outputs against a float64 host computation
@@ -169,9 +170,12 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   cudaFree(flush);
 }
 
-// The gated forward kind: x [M, K], Wg and Wu [N, K] (nn.Linear), h [M, N], pre [M, 2N] if train.
-template <Activation A>
+// The forward kinds. Gated: x [M, K], Wg and Wu [N, K] (nn.Linear), h [M, N], pre [M, 2N]
+// (g | u) if train. Plain: x [M, K], W1 [N, K] (in wg), out = act(x W1^T + b1) [M, N], pre
+// [M, N] (x W1^T + b1) if train.
+template <Activation A, bool Plain = false>
 static void run_fwd(const char* label, const char* shape, int M, int K, int N, bool train, bool bias) {
+  const int pre_cols = Plain ? N : 2 * N;
   std::mt19937 rng(4321);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<bf16> x(size_t(M) * K), wg(size_t(N) * K), wu(size_t(N) * K);
@@ -193,7 +197,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   CK(cudaMalloc(&d_wg, wg.size() * 2));
   CK(cudaMalloc(&d_wu, wu.size() * 2));
   CK(cudaMalloc(&d_h, size_t(M) * N * 2));
-  if (train) CK(cudaMalloc(&d_pre, size_t(M) * 2 * N * 2));
+  if (train) CK(cudaMalloc(&d_pre, size_t(M) * pre_cols * 2));
   CK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_wg, wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_wu, wu.data(), wu.size() * 2, cudaMemcpyHostToDevice));
@@ -203,34 +207,52 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   constexpr int BN = 128;
   const CUtensorMap mx = map2d(d_x, M, K, s::kBK, s::kBM);
   const CUtensorMap mg = map2d(d_wg, N, K, s::kBK, BN);
-  const CUtensorMap mu = map2d(d_wu, N, K, s::kBK, BN);
+  const CUtensorMap mu = Plain ? mg : map2d(d_wu, N, K, s::kBK, BN);
   s::Params p{};
   p.out = d_h;
   p.pre = d_pre;
   p.bg = bias ? d_bg : nullptr;
-  p.bu = bias ? d_bu : nullptr;
+  p.bu = bias ? (Plain ? d_bg : d_bu) : nullptr;  // plain: both halves of a tile read b1
   p.ldo = N;
-  p.ldp = 2 * N;
+  p.ldp = pre_cols;
   p.M = M;
   p.N = N;
   p.K = K;
   p.tiles_m = (M + s::kBM - 1) / s::kBM;
-  p.tiles_n = (N + BN - 1) / BN;
+  p.tiles_n = (N + (Plain ? 2 * BN : BN) - 1) / (Plain ? 2 * BN : BN);
+  CUtensorMap* d_maps = nullptr;
+  if (FUSED_MLP_SM90_FWD_TMA_STORE && train && !Plain) {  // g and u views of pre, 64 x 128 boxes, no swizzle
+    CUtensorMap maps[2];
+    for (int h = 0; h < 2; ++h) {
+      const cuuint64_t dims[2] = {static_cast<cuuint64_t>(N), static_cast<cuuint64_t>(M)};
+      const cuuint64_t strides[1] = {static_cast<cuuint64_t>(2 * N) * 2};
+      const cuuint32_t box[2] = {64, 128}, elem[2] = {1, 1};
+      if (encode()(&maps[h], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, d_pre + h * N, dims, strides, box, elem,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        std::fprintf(stderr, "cuTensorMapEncodeTiled (pre) failed\n");
+        std::exit(2);
+      }
+    }
+    CK(cudaMalloc(&d_maps, sizeof(maps)));
+    CK(cudaMemcpy(d_maps, maps, sizeof(maps), cudaMemcpyHostToDevice));
+    p.pre_maps = d_maps;
+  }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto kernel = s::gated_gemm_kernel<bf16, A, BN, s::Epi::kGatedFwd, false>;
+  auto kernel = s::gated_gemm_kernel<bf16, A, BN, Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, false>;
   constexpr int kSmem = s::Layout<BN>::kSmemBytes;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
-  if (train) CK(cudaMemset(d_pre, 0xff, size_t(M) * 2 * N * 2));
+  if (train) CK(cudaMemset(d_pre, 0xff, size_t(M) * pre_cols * 2));
   kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   int bad = 0;
   double worst = 0.0;
   if (FUSED_MLP_SM90_PROBE == 0) {
-    std::vector<bf16> h(size_t(M) * N), pre(train ? size_t(M) * 2 * N : 0);
+    std::vector<bf16> h(size_t(M) * N), pre(train ? size_t(M) * pre_cols : 0);
     CK(cudaMemcpy(h.data(), d_h, h.size() * 2, cudaMemcpyDeviceToHost));
     if (train) CK(cudaMemcpy(pre.data(), d_pre, pre.size() * 2, cudaMemcpyDeviceToHost));
     std::uniform_int_distribution<int> um(0, M - 1), un(0, N - 1);
@@ -245,10 +267,10 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
       u = round_bf(u);
       double f, d;
       act_grad(A, g, f, d);
-      std::vector<std::pair<double, double>> pairs = {{bf(h[size_t(m) * N + n]), f * u}};
+      std::vector<std::pair<double, double>> pairs = {{bf(h[size_t(m) * N + n]), Plain ? f : f * u}};
       if (train) {
-        pairs.push_back({bf(pre[size_t(m) * 2 * N + n]), g});
-        pairs.push_back({bf(pre[size_t(m) * 2 * N + N + n]), u});
+        pairs.push_back({bf(pre[size_t(m) * pre_cols + n]), g});
+        if (!Plain) pairs.push_back({bf(pre[size_t(m) * 2 * N + N + n]), u});
       }
       for (const auto& [got, want] : pairs) {
         const double err = std::fabs(got - want) / (std::fabs(want) + 0.05);
@@ -274,15 +296,16 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   CK(cudaGetLastError());
   std::sort(ms.begin(), ms.end());
   const double med = ms[ms.size() / 2] * 1e3, lo = ms[0] * 1e3;
-  const double flops = 4.0 * M * K * double(N);
+  const double flops = (Plain ? 2.0 : 4.0) * M * K * double(N);
   std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)\n", label,
-              shape, train ? "fwd train" : "fwd      ", bias ? " bias" : "     ", med, lo, flops / med * 1e-6,
+              shape, Plain ? (train ? "plain train" : "plain      ") : (train ? "fwd train  " : "fwd        "), bias ? " bias" : "     ", med, lo, flops / med * 1e-6,
               FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
   cudaFree(d_x);
   cudaFree(d_wg);
   cudaFree(d_wu);
   cudaFree(d_h);
   if (d_pre) cudaFree(d_pre);
+  if (d_maps) cudaFree(d_maps);
   cudaFree(d_bg);
   cudaFree(d_bu);
   cudaFree(flush);
@@ -296,6 +319,8 @@ int main(int argc, char** argv) {
     run_fwd<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, true, true);
     run_fwd<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, true, false);
     run_fwd<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, false, false);
+    run_fwd<Activation::kGeluTanh, true>(label, "mlp_d768", 8192, 768, 3072, false, true);
+    run_fwd<Activation::kGeluTanh, true>(label, "mlp_d768", 8192, 768, 3072, true, true);
     return 0;
   }
   const bool inplace = argc > 2 && std::string(argv[2]) == "inplace";

@@ -97,6 +97,9 @@ struct Params {
   int64_t ldp;
   int M, N, K;
   int tiles_m, tiles_n;
+  // FUSED_MLP_SM90_FWD_TMA_STORE probes only: two tensor maps in global memory (views of pre's
+  // g and u halves, 64 x 128 boxes), nullptr otherwise
+  const CUtensorMap* pre_maps = nullptr;
 };
 
 // Threads of the epilogue: for the dh kinds, whose epilogue moves 8 bytes per output element
@@ -113,10 +116,14 @@ struct Params {
 #ifndef FUSED_MLP_SM90_FWD_HELPERS  // the same for the gated forward kind (an experiment switch)
 #define FUSED_MLP_SM90_FWD_HELPERS 0
 #endif
+#ifndef FUSED_MLP_SM90_PLAIN_HELPERS  // and for the plain forward kind (an experiment switch)
+#define FUSED_MLP_SM90_PLAIN_HELPERS 0
+#endif
 template <Epi E>
 __host__ __device__ constexpr int epilogue_threads() {
   return ((FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ||
-          (FUSED_MLP_SM90_FWD_HELPERS && E == Epi::kGatedFwd))
+          (FUSED_MLP_SM90_FWD_HELPERS && E == Epi::kGatedFwd) ||
+          (FUSED_MLP_SM90_PLAIN_HELPERS && E == Epi::kPlainFwd))
              ? 224
              : 128;
 }
@@ -165,6 +172,12 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 #endif
 #ifndef FUSED_MLP_SM90_FWD_PACE
 #define FUSED_MLP_SM90_FWD_PACE 0
+#endif
+//   FUSED_MLP_SM90_FWD_TMA_STORE  1 (timing probe only, the data written is wrong): the gated
+//                               forward writes pre with four TMA stores per tile from the
+//                               staging tile instead of the epilogue threads' 16-byte stores
+#ifndef FUSED_MLP_SM90_FWD_TMA_STORE
+#define FUSED_MLP_SM90_FWD_TMA_STORE 0
 #endif
 #ifndef FUSED_MLP_SM90_TMA_EVICT_LAST
 #define FUSED_MLP_SM90_TMA_EVICT_LAST 0
@@ -595,6 +608,20 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
     bar_arrive(freed);
     continue;
 #endif
+#if FUSED_MLP_SM90_FWD_TMA_STORE
+    if (tid == 0 && p.pre != nullptr) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {  // 16 KB each: two boxes of g, two of u (timing only)
+        const T* src = (b < 2 ? stg_g : stg_u) + (b % 2) * 8192;
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                         reinterpret_cast<uint64_t>(p.pre_maps + b / 2)),
+                     "r"(smem_addr(src)), "r"(n0 + 64 * (b % 2)), "r"(m0)
+                     : "memory");
+      }
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+#endif
 #pragma unroll 2
     for (int e = tid; e < kBM * kChunks; e += kEpiThreads) {
       if (FUSED_MLP_SM90_FWD_PACE > 0) __nanosleep(FUSED_MLP_SM90_FWD_PACE);
@@ -618,14 +645,20 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
 #endif
       T* out = static_cast<T*>(p.out) + m * p.ldo + col;
       st16(out, make_uint4(hw[0], hw[1], hw[2], hw[3]));
-      if (p.pre != nullptr) {  // g | u as staged (biases included)
+      if (p.pre != nullptr && !FUSED_MLP_SM90_FWD_TMA_STORE) {  // g | u as staged (biases included)
         T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
         st16(pre, gv);
         st16(pre + p.N, uv);
       }
     }
+#if FUSED_MLP_SM90_FWD_TMA_STORE
+    if (tid == 0 && p.pre != nullptr) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
     bar_arrive(freed);
   }
+#if FUSED_MLP_SM90_FWD_TMA_STORE
+  if (tid == 0 && p.pre != nullptr) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
 }
 
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
