@@ -21,6 +21,7 @@ VARIANTS=(
   "fwd_empty -DFUSED_MLP_SM90_PROBE=3"
   "fwd_helpers -DFUSED_MLP_SM90_FWD_HELPERS=1"
 )
+# PROBE_HINTS (environment, at run time) sets the kernels' cache-hint flags (sm90_probe.cu).
 [ -n "${PROBE_VARIANTS:-}" ] && mapfile -t VARIANTS < <(printf '%s\n' "${PROBE_VARIANTS}" | tr ';' '\n')
 NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
 case "${1:-}" in

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "activations.h"
 #include "gated_gemm_sm90_kernel.cuh"
@@ -77,6 +78,14 @@ int sm_count(int device) {
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
   if (device < 64) counts[device] = n;
   return n;
+}
+
+// The forward kinds' cache hints (Params::flags; the kernel header says what they do and what
+// they measured). FUSED_MLP_SM90_CACHE_HINTS=0 turns them off; read at every call, like the
+// package's other switches. The dh kinds run without: they measured the same either way.
+uint32_t forward_flags() {
+  const char* v = std::getenv("FUSED_MLP_SM90_CACHE_HINTS");
+  return (v != nullptr && v[0] == '0') ? 0u : (kHintStream | kHintEvictLast);
 }
 
 // Tile width: 112 columns where that needs fewer rounds of the persistent loop for the
@@ -160,6 +169,7 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   Params p{};
   p.out = out.data_ptr();
   p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
+  p.flags = forward_flags();
   p.bg = gate_bias.has_value() ? gate_bias->data_ptr() : nullptr;
   p.bu = up_bias.has_value() ? up_bias->data_ptr() : nullptr;
   p.ldo = out.stride(0);
@@ -262,6 +272,7 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   p.out = out.data_ptr();
   p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
   p.bg = p.bu = bias.has_value() ? bias->data_ptr() : nullptr;  // both halves of a tile read it
+  p.flags = forward_flags();
   p.ldo = out.stride(0);
   p.ldp = pre.has_value() ? pre->stride(0) : 0;
   p.M = static_cast<int>(M);

@@ -97,10 +97,15 @@ struct Params {
   int64_t ldp;
   int M, N, K;
   int tiles_m, tiles_n;
-  // FUSED_MLP_SM90_FWD_TMA_STORE probes only: two tensor maps in global memory (views of pre's
-  // g and u halves, 64 x 128 boxes), nullptr otherwise
-  const CUtensorMap* pre_maps = nullptr;
+  uint32_t flags = 0;  // kHint* below
 };
+
+// Params::flags. Cache hints (NOTES, session 11: the forward kinds' stores slow their main
+// loop; with both hints the GeGLU d768 training forward took 124.8 us instead of 129.9 and the
+// plain d768 forward 63.5 instead of 66.1; dh and SwiGLU d4096 did not move):
+//   kHintStream     the epilogues' 16-byte global loads and stores are evict-first (.cs)
+//   kHintEvictLast  the main loop's TMA loads carry an L2 evict-last policy
+constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u;
 
 // Threads of the epilogue: for the dh kinds, whose epilogue moves 8 bytes per output element
 // (g, u in; dg, du out: 128 KB each way per tile) against the forward kinds' 1-3, the epilogue group plus warps 1-3 of the
@@ -162,26 +167,7 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 #ifndef FUSED_MLP_SM90_PROBE_NOMAIN
 #define FUSED_MLP_SM90_PROBE_NOMAIN 0
 #endif
-//   FUSED_MLP_SM90_STREAMING    1: the epilogues' global loads and stores carry the
-//                               evict-first hint (ld / st.global.cs)
-//   FUSED_MLP_SM90_TMA_EVICT_LAST  1: the main loop's TMA loads carry an L2 evict-last policy
-//   FUSED_MLP_SM90_FWD_PACE     ns: the forward epilogue sleeps this long per item (spreads its
-//                               stores over the tile's main loop instead of a burst)
-#ifndef FUSED_MLP_SM90_STREAMING
-#define FUSED_MLP_SM90_STREAMING 0
-#endif
-#ifndef FUSED_MLP_SM90_FWD_PACE
-#define FUSED_MLP_SM90_FWD_PACE 0
-#endif
-//   FUSED_MLP_SM90_FWD_TMA_STORE  1 (timing probe only, the data written is wrong): the gated
-//                               forward writes pre with four TMA stores per tile from the
-//                               staging tile instead of the epilogue threads' 16-byte stores
-#ifndef FUSED_MLP_SM90_FWD_TMA_STORE
-#define FUSED_MLP_SM90_FWD_TMA_STORE 0
-#endif
-#ifndef FUSED_MLP_SM90_TMA_EVICT_LAST
-#define FUSED_MLP_SM90_TMA_EVICT_LAST 0
-#endif
+
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FUSED_MLP_SM90_DEVICE 1
@@ -218,47 +204,46 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int k, int row) {
-#if FUSED_MLP_SM90_TMA_EVICT_LAST
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row), "l"(policy)
-      : "memory");
-#else
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
-      : "memory");
-#endif
+// policy: 0, or an L2 cache policy (createpolicy) the load carries.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int k, int row,
+                                         uint64_t policy) {
+  if (policy != 0) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
+        "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4}], [%2];" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
+        : "memory");
+  }
 }
 
-// The epilogues' 16-byte global accesses (volatile: out may alias pre, and the order the
-// code gives them is the one wanted).
-__device__ __forceinline__ void st16(void* ptr, uint4 v) {
-#if FUSED_MLP_SM90_STREAMING
-  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-#else
-  *reinterpret_cast<uint4*>(ptr) = v;
-#endif
+// The epilogues' 16-byte global accesses, evict-first when cs (kHintStream). The hinted
+// forms are volatile asm: out may alias pre, and they keep the order the code gives them.
+__device__ __forceinline__ void st16(void* ptr, uint4 v, bool cs) {
+  if (cs) {
+    asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  } else {
+    *reinterpret_cast<uint4*>(ptr) = v;
+  }
 }
-__device__ __forceinline__ uint4 ld16(const void* ptr) {
-#if FUSED_MLP_SM90_STREAMING
-  uint4 v;
-  asm volatile("ld.global.cs.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr)
-               : "memory");
-  return v;
-#else
+__device__ __forceinline__ uint4 ld16(const void* ptr, bool cs) {
+  if (cs) {
+    uint4 v;
+    asm volatile("ld.global.cs.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr)
+                 : "memory");
+    return v;
+  }
   return *reinterpret_cast<const uint4*>(ptr);
-#endif
 }
 
-// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout the
-// TMA wrote: rows of 128 bytes, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t smem_desc(const void* tile) {
   const uint64_t addr = smem_addr(tile);
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
@@ -451,13 +436,13 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
 
 // One row of a thread's batch in the wide epilogue: g (and u) of its 8 columns in both halves.
 template <typename T, bool kU, int BN>
-__device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1, uint4& g0, uint4& g1, uint4& u0,
-                                         uint4& u1) {
-  if (ok0) g0 = ld16(src);
-  if (ok1) g1 = ld16(src + BN);
+__device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1, bool cs, uint4& g0, uint4& g1,
+                                         uint4& u0, uint4& u1) {
+  if (ok0) g0 = ld16(src, cs);
+  if (ok1) g1 = ld16(src + BN, cs);
   if constexpr (kU) {
-    if (ok0) u0 = ld16(src + n);
-    if (ok1) u1 = ld16(src + n + BN);
+    if (ok0) u0 = ld16(src + n, cs);
+    if (ok1) u1 = ld16(src + n + BN, cs);
   }
 }
 
@@ -489,6 +474,8 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   constexpr bool kLoads = E != Epi::kPlainFwd && FUSED_MLP_SM90_PROBE != 1;
   const T* pre = static_cast<const T*>(p.pre);
   T* out = static_cast<T*>(p.out);
+  // (the dh kinds take no hints: measured the same either way, and the branch costs registers)
+  const bool cs = E == Epi::kPlainFwd && (p.flags & kHintStream) != 0;
   const int chunk = tid % kChunks, row0 = tid / kChunks;
   const int64_t step_p = int64_t(kRowStep) * p.ldp, step_o = int64_t(kRowStep) * p.ldo;
   uint32_t it = 0;
@@ -510,7 +497,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
 #pragma unroll
       for (int k = 0; k + 1 < kDepth; ++k)
         if (k < kRows && k * kRowStep < rows_left)
-          load_row<T, E == Epi::kGatedDh, BN>(src + k * step_p, p.N, ok0, ok1, gv[k][0], gv[k][1], uv[k][0], uv[k][1]);
+          load_row<T, E == Epi::kGatedDh, BN>(src + k * step_p, p.N, ok0, ok1, cs, gv[k][0], gv[k][1], uv[k][0], uv[k][1]);
     }
 #pragma unroll 1
     for (int k0 = 0; k0 < kRows; k0 += kDepth) {
@@ -521,7 +508,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
         constexpr int kAhead = kDepth - 1;
         const int sn = (s + kAhead) % kDepth;  // the buffer of batch k + kAhead
         if (kLoads && k + kAhead < kRows && (k + kAhead) * kRowStep < rows_left)
-          load_row<T, E == Epi::kGatedDh, BN>(src + (k + kAhead) * step_p, p.N, ok0, ok1, gv[sn][0], gv[sn][1], uv[sn][0],
+          load_row<T, E == Epi::kGatedDh, BN>(src + (k + kAhead) * step_p, p.N, ok0, ok1, cs, gv[sn][0], gv[sn][1], uv[sn][0],
                                           uv[sn][1]);
         if (k * kRowStep >= rows_left) continue;
         const int r = row0 + k * kRowStep;
@@ -538,8 +525,8 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
               const float2 v = unpack2<T>(dw[q]);
               ow[q] = pack2<T>(epilogue_act<A>(v.x), epilogue_act<A>(v.y));
             }
-            st16(orow, make_uint4(ow[0], ow[1], ow[2], ow[3]));
-            if (pre != nullptr) st16(const_cast<T*>(src) + k * step_p + half * BN, dv);
+            st16(orow, make_uint4(ow[0], ow[1], ow[2], ow[3]), cs);
+            if (pre != nullptr) st16(const_cast<T*>(src) + k * step_p + half * BN, dv, cs);
           } else {
 #if FUSED_MLP_SM90_PROBE == 1
             const uint4 g4 = dv, u4 = dv;
@@ -568,8 +555,8 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
               if (dgw[0] == 0x7fc17fc1u && duw[0] == 0x7fc17fc1u)
 #endif
               {
-                st16(orow, make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]));
-                st16(orow + p.N, make_uint4(duw[0], duw[1], duw[2], duw[3]));
+                st16(orow, make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]), cs);
+                st16(orow + p.N, make_uint4(duw[0], duw[1], duw[2], duw[3]), cs);
               }
             } else {
               uint32_t ow[4];
@@ -581,7 +568,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
                 act_and_grad<A>(x.y, a1, d1);
                 ow[q] = pack2<T>(dh.x * d0, dh.y * d1);
               }
-              st16(orow, make_uint4(ow[0], ow[1], ow[2], ow[3]));
+              st16(orow, make_uint4(ow[0], ow[1], ow[2], ow[3]), cs);
             }
           }
         }
@@ -599,6 +586,7 @@ template <typename T, Activation A, int BN, int kEpiThreads>
 __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
                                                    uint64_t* staged, uint64_t* freed, int tid) {
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
+  const bool cs = (p.flags & kHintStream) != 0;
   uint32_t it = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
     int m0, n0;
@@ -608,23 +596,8 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
     bar_arrive(freed);
     continue;
 #endif
-#if FUSED_MLP_SM90_FWD_TMA_STORE
-    if (tid == 0 && p.pre != nullptr) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {  // 16 KB each: two boxes of g, two of u (timing only)
-        const T* src = (b < 2 ? stg_g : stg_u) + (b % 2) * 8192;
-        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
-                         reinterpret_cast<uint64_t>(p.pre_maps + b / 2)),
-                     "r"(smem_addr(src)), "r"(n0 + 64 * (b % 2)), "r"(m0)
-                     : "memory");
-      }
-      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    }
-#endif
 #pragma unroll 2
     for (int e = tid; e < kBM * kChunks; e += kEpiThreads) {
-      if (FUSED_MLP_SM90_FWD_PACE > 0) __nanosleep(FUSED_MLP_SM90_FWD_PACE);
       const int r = e / kChunks, chunk = e % kChunks;
       const int col = n0 + chunk * 8;
       const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
@@ -644,21 +617,15 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
       if (hw[0] != 0x7fc17fc1u || hw[1] != 0x7fc17fc1u) continue;
 #endif
       T* out = static_cast<T*>(p.out) + m * p.ldo + col;
-      st16(out, make_uint4(hw[0], hw[1], hw[2], hw[3]));
-      if (p.pre != nullptr && !FUSED_MLP_SM90_FWD_TMA_STORE) {  // g | u as staged (biases included)
+      st16(out, make_uint4(hw[0], hw[1], hw[2], hw[3]), cs);
+      if (p.pre != nullptr) {  // g | u as staged (biases included)
         T* pre = static_cast<T*>(p.pre) + m * p.ldp + col;
-        st16(pre, gv);
-        st16(pre + p.N, uv);
+        st16(pre, gv, cs);
+        st16(pre + p.N, uv, cs);
       }
     }
-#if FUSED_MLP_SM90_FWD_TMA_STORE
-    if (tid == 0 && p.pre != nullptr) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#endif
     bar_arrive(freed);
   }
-#if FUSED_MLP_SM90_FWD_TMA_STORE
-  if (tid == 0 && p.pre != nullptr) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-#endif
 }
 
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
@@ -713,6 +680,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
+      uint64_t policy = 0;
+      if (p.flags & kHintEvictLast) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
       uint32_t c = 0;
       for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
@@ -722,15 +691,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
           bar_expect_tx(&full[s], kStageBytes);
           uint8_t* st = smem + s * kStageBytes;
-          tma_load(st, &map_x, &full[s], kb * kBK, m0);
+          tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
           if constexpr (BNMajor) {
             // four 64-column boxes of 64 K rows: columns n0 .. n0 + 255 (both halves)
 #pragma unroll
             for (int b = 0; b < 4; ++b)
-              tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kb * kBK);
+              tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kb * kBK, policy);
           } else {
-            tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0);
-            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN);
+            tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, policy);
+            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN, policy);
           }
         }
       }

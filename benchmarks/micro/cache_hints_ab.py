@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""A/B of the sm_90a forward kinds' cache hints (FUSED_MLP_SM90_CACHE_HINTS, on by default)
+end to end: the whole forward and the whole training step, so that the effect on the kernels
+after ours (which read h / out / pre back) counts too, not only the kernel itself.
+
+For each case it captures two CUDA graphs of the same call, one with the hints and one without
+(the switch is read when the op is called, so each graph keeps its setting), checks that both
+give bit-identical results (hints change where data is cached, not what is computed), then
+times them alternately (triton do_bench median, L2 flushed between replays) for --rounds rounds.
+
+    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/micro/cache_hints_ab.py [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import graphed, local_package, median_us, write_report  # noqa: E402
+
+ENV = "FUSED_MLP_SM90_CACHE_HINTS"
+# name, kind, activation, M, D, H, bias, training
+CASES = [
+    ("geglu_m8192_d768_h3072_bf16", "gated", "gelu_tanh", 8192, 768, 3072, False, False),
+    ("geglu_m8192_d768_h3072_bf16_train", "gated", "gelu_tanh", 8192, 768, 3072, False, True),
+    ("mlp_gelu_tanh_m8192_d768_h3072_bf16", "mlp", "gelu_tanh", 8192, 768, 3072, True, False),
+    ("mlp_gelu_tanh_m8192_d768_h3072_bf16_train", "mlp", "gelu_tanh", 8192, 768, 3072, True, True),
+    ("swiglu_m4096_d4096_h14336_bf16", "gated", "silu", 4096, 4096, 14336, False, False),
+    ("swiglu_m4096_d4096_h14336_bf16_train", "gated", "silu", 4096, 4096, 14336, False, True),
+]
+
+
+def make_call(fm, kind, act, m, d, h, bias, train):
+    """A zero-argument call writing its results into tensors it returns (the graph's outputs)."""
+    g = torch.Generator(device="cuda").manual_seed(m + d + h)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(torch.bfloat16).requires_grad_(train)
+
+    x = rnd(m, d)
+    if kind == "gated":
+        ws = [rnd(h, d, scale=d**-0.5), rnd(h, d, scale=d**-0.5), rnd(d, h, scale=h**-0.5)]
+        fwd = lambda: fm.gated_mlp(x, *ws, act)  # noqa: E731
+    else:
+        ws = [rnd(h, d, scale=d**-0.5), rnd(h, scale=0.1) if bias else None, rnd(d, h, scale=h**-0.5),
+              rnd(d, scale=0.1) if bias else None]
+        fwd = lambda: fm.mlp(x, *ws, act)  # noqa: E731
+    params = [x] + [w for w in ws if w is not None]
+    dy = torch.randn(m, d, generator=g, device="cuda").to(torch.bfloat16)
+    if not train:
+        def call():
+            with torch.no_grad():
+                return [fwd()]
+        return call
+
+    def call():
+        for p in params:
+            p.grad = None
+        fwd().backward(dy)
+        return [p.grad for p in params]
+    return call
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cases", default=None, help="comma-separated substrings of case names")
+    p.add_argument("--out", type=Path, default=None, help="JSON results")
+    a = p.parse_args()
+    fm, = local_package()
+    rows = []
+    for name, *spec in CASES:
+        if a.cases and not any(s in name for s in a.cases.split(",")):
+            continue
+        call = make_call(fm, *spec)
+        replays, outs = {}, {}
+        for hints in ("1", "0"):
+            os.environ[ENV] = hints
+            holder = {}
+
+            def run(holder=holder):
+                holder["out"] = call()
+            replays[hints] = graphed(run)
+            replays[hints]()
+            torch.cuda.synchronize()
+            outs[hints] = [t.detach().clone() for t in holder["out"]]
+        os.environ.pop(ENV, None)
+        same = all(torch.equal(u, v) for u, v in zip(outs["1"], outs["0"]))
+        times = {"1": [], "0": []}
+        for _ in range(a.rounds):
+            for hints in ("1", "0"):
+                times[hints].append(median_us(replays[hints]))
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        row = {"case": name, "hints_us": med["1"], "no_hints_us": med["0"], "ratio": med["1"] / med["0"],
+               "rounds_us": times, "bit_identical": same}
+        rows.append(row)
+        print(f"[hints] {name:45s} on {med['1']:8.1f} us  off {med['0']:8.1f} us  on/off {row['ratio']:.3f}  "
+              f"identical {same}  rounds on {['%.1f' % t for t in times['1']]} off {['%.1f' % t for t in times['0']]}",
+              flush=True)
+        del replays, outs, call
+        torch.cuda.empty_cache()
+    write_report(a.out, rows)
+    if not all(r["bit_identical"] for r in rows):
+        raise SystemExit("[hints] results differ with and without the hints")
+
+
+if __name__ == "__main__":
+    main()
