@@ -80,12 +80,17 @@ int sm_count(int device) {
   return n;
 }
 
-// The forward kinds' cache hints (Params::flags; the kernel header says what they do and what
-// they measured). FUSED_MLP_SM90_CACHE_HINTS=0 turns them off; read at every call, like the
-// package's other switches. The dh kinds run without: they measured the same either way.
-uint32_t forward_flags() {
+// Cache hints (Params::flags; the kernel header says what they do). Measured end to end
+// (NOTES, session 11, benchmarks/micro/cache_hints_ab.py) they pay only in the gated training
+// forward (it also writes g | u) when its operands fit in L2 with room to spare: GeGLU d768's
+// training step 594.5 -> 589.3 us. Elsewhere they cost: SwiGLU d4096's step (235 MB of
+// weights pinned evict-last) 6624 -> 6756 us, the plain d768 forward 130.7 -> 131.3. So: that
+// case only, x and both weights at most 32 MiB; FUSED_MLP_SM90_CACHE_HINTS=0 turns them off
+// (read at every call, like the package's other switches).
+uint32_t gated_forward_flags(bool training, int64_t operand_bytes) {
   const char* v = std::getenv("FUSED_MLP_SM90_CACHE_HINTS");
-  return (v != nullptr && v[0] == '0') ? 0u : (kHintStream | kHintEvictLast);
+  if ((v != nullptr && v[0] == '0') || !training || operand_bytes > (int64_t(32) << 20)) return 0u;
+  return kHintStream | kHintEvictLast;
 }
 
 // Tile width: 112 columns where that needs fewer rounds of the persistent loop for the
@@ -169,7 +174,8 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   Params p{};
   p.out = out.data_ptr();
   p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
-  p.flags = forward_flags();
+  p.flags = gated_forward_flags(pre.has_value(), (x.numel() + gate_weight.numel() + up_weight.numel()) *
+                                                     static_cast<int64_t>(x.element_size()));
   p.bg = gate_bias.has_value() ? gate_bias->data_ptr() : nullptr;
   p.bu = up_bias.has_value() ? up_bias->data_ptr() : nullptr;
   p.ldo = out.stride(0);
@@ -272,7 +278,6 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   p.out = out.data_ptr();
   p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
   p.bg = p.bu = bias.has_value() ? bias->data_ptr() : nullptr;  // both halves of a tile read it
-  p.flags = forward_flags();
   p.ldo = out.stride(0);
   p.ldp = pre.has_value() ? pre->stride(0) : 0;
   p.M = static_cast<int>(M);

@@ -100,11 +100,14 @@ struct Params {
   uint32_t flags = 0;  // kHint* below
 };
 
-// Params::flags. Cache hints (NOTES, session 11: the forward kinds' stores slow their main
-// loop; with both hints the GeGLU d768 training forward took 124.8 us instead of 129.9 and the
-// plain d768 forward 63.5 instead of 66.1; dh and SwiGLU d4096 did not move):
-//   kHintStream     the epilogues' 16-byte global loads and stores are evict-first (.cs)
+// Params::flags: cache hints, set by the host where they measured faster end to end
+// (gated_gemm_sm90.cu, gated_forward_flags; NOTES, session 11). In the probe, the GeGLU d768
+// training forward took 124.8 us with both instead of 129.9, and the plain d768 forward 63.5
+// instead of 66.1, but the kernels after them lost it again where they read the outputs back.
+//   kHintStream     the forward epilogues' 16-byte global stores are evict-first (.cs)
 //   kHintEvictLast  the main loop's TMA loads carry an L2 evict-last policy
+// (the dh kinds are compiled without kHintStream: no gain there, and the branch costs them
+// registers).
 constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u;
 
 // Threads of the epilogue: for the dh kinds, whose epilogue moves 8 bytes per output element
@@ -222,8 +225,8 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
   }
 }
 
-// The epilogues' 16-byte global accesses, evict-first when cs (kHintStream). The hinted
-// forms are volatile asm: out may alias pre, and they keep the order the code gives them.
+// The epilogues' 16-byte global stores, evict-first when cs (kHintStream; volatile asm: out
+// may alias pre, and it keeps the order the code gives it).
 __device__ __forceinline__ void st16(void* ptr, uint4 v, bool cs) {
   if (cs) {
     asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
@@ -231,17 +234,6 @@ __device__ __forceinline__ void st16(void* ptr, uint4 v, bool cs) {
   } else {
     *reinterpret_cast<uint4*>(ptr) = v;
   }
-}
-__device__ __forceinline__ uint4 ld16(const void* ptr, bool cs) {
-  if (cs) {
-    uint4 v;
-    asm volatile("ld.global.cs.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(ptr)
-                 : "memory");
-    return v;
-  }
-  return *reinterpret_cast<const uint4*>(ptr);
 }
 
 __device__ __forceinline__ uint64_t smem_desc(const void* tile) {
@@ -436,13 +428,13 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
 
 // One row of a thread's batch in the wide epilogue: g (and u) of its 8 columns in both halves.
 template <typename T, bool kU, int BN>
-__device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1, bool cs, uint4& g0, uint4& g1,
-                                         uint4& u0, uint4& u1) {
-  if (ok0) g0 = ld16(src, cs);
-  if (ok1) g1 = ld16(src + BN, cs);
+__device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1, uint4& g0, uint4& g1, uint4& u0,
+                                         uint4& u1) {
+  if (ok0) g0 = *reinterpret_cast<const uint4*>(src);
+  if (ok1) g1 = *reinterpret_cast<const uint4*>(src + BN);
   if constexpr (kU) {
-    if (ok0) u0 = ld16(src + n, cs);
-    if (ok1) u1 = ld16(src + n + BN, cs);
+    if (ok0) u0 = *reinterpret_cast<const uint4*>(src + n);
+    if (ok1) u1 = *reinterpret_cast<const uint4*>(src + n + BN);
   }
 }
 
@@ -475,7 +467,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   const T* pre = static_cast<const T*>(p.pre);
   T* out = static_cast<T*>(p.out);
   // (the dh kinds take no hints: measured the same either way, and the branch costs registers)
-  const bool cs = E == Epi::kPlainFwd && (p.flags & kHintStream) != 0;
+  const bool cs = E == Epi::kPlainFwd && (p.flags & kHintStream) != 0;  // the host sets none for it now
   const int chunk = tid % kChunks, row0 = tid / kChunks;
   const int64_t step_p = int64_t(kRowStep) * p.ldp, step_o = int64_t(kRowStep) * p.ldo;
   uint32_t it = 0;
@@ -497,7 +489,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
 #pragma unroll
       for (int k = 0; k + 1 < kDepth; ++k)
         if (k < kRows && k * kRowStep < rows_left)
-          load_row<T, E == Epi::kGatedDh, BN>(src + k * step_p, p.N, ok0, ok1, cs, gv[k][0], gv[k][1], uv[k][0], uv[k][1]);
+          load_row<T, E == Epi::kGatedDh, BN>(src + k * step_p, p.N, ok0, ok1, gv[k][0], gv[k][1], uv[k][0], uv[k][1]);
     }
 #pragma unroll 1
     for (int k0 = 0; k0 < kRows; k0 += kDepth) {
@@ -508,7 +500,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
         constexpr int kAhead = kDepth - 1;
         const int sn = (s + kAhead) % kDepth;  // the buffer of batch k + kAhead
         if (kLoads && k + kAhead < kRows && (k + kAhead) * kRowStep < rows_left)
-          load_row<T, E == Epi::kGatedDh, BN>(src + (k + kAhead) * step_p, p.N, ok0, ok1, cs, gv[sn][0], gv[sn][1], uv[sn][0],
+          load_row<T, E == Epi::kGatedDh, BN>(src + (k + kAhead) * step_p, p.N, ok0, ok1, gv[sn][0], gv[sn][1], uv[sn][0],
                                           uv[sn][1]);
         if (k * kRowStep >= rows_left) continue;
         const int r = row0 + k * kRowStep;
