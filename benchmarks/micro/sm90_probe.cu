@@ -83,6 +83,42 @@ static void act_grad(Activation a, double x, double& f, double& d) {
   }
 }
 
+// The probe's check of one sampled output: relative error with a 0.05 floor, bad at >= 0.03.
+static void check_value(double got, double want, double& worst, int& bad) {
+  const double err = std::fabs(got - want) / (std::fabs(want) + 0.05);
+  worst = std::max(worst, err);
+  if (!(err < 0.03)) ++bad;
+}
+
+// 40 timed launches (after 3 warm-up ones) of [256 MiB memset to flush L2; event; launch;
+// event]: median and minimum in us.
+template <typename Launch>
+static std::pair<double, double> time_us(Launch launch) {
+  void* flush;
+  const size_t flush_bytes = size_t(256) << 20;
+  CK(cudaMalloc(&flush, flush_bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < 43; ++r) {
+    CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
+    CK(cudaEventRecord(e0));
+    launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 3) ms.push_back(t);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFree(flush));
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2] * 1e3, ms[0] * 1e3};
+}
+
 template <Activation A>
 static void run(const char* label, const char* shape, int M, int K, int N, bool inplace) {
   std::mt19937 rng(1234);
@@ -100,10 +136,6 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   CK(cudaMemcpy(d_dy, dy.data(), dy.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_w, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_pre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
-  void* flush;
-  const size_t flush_bytes = size_t(256) << 20;
-  CK(cudaMalloc(&flush, flush_bytes));
-
   const CUtensorMap md = map2d(d_dy, M, K, s::kBK, s::kBM);
   const CUtensorMap mw = map2d(d_w, K, N, 64, s::kBK);
   s::Params p{};
@@ -143,31 +175,11 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
       act_grad(A, g, f, d);
       const double want[2] = {dh * u * d, dh * f};
       const double got[2] = {bf(out[size_t(m) * 2 * N + n]), bf(out[size_t(m) * 2 * N + N + n])};
-      for (int j = 0; j < 2; ++j) {
-        const double err = std::fabs(got[j] - want[j]) / (std::fabs(want[j]) + 0.05);
-        worst = std::max(worst, err);
-        if (!(err < 0.03)) ++bad;
-      }
+      for (int j = 0; j < 2; ++j) check_value(got[j], want[j], worst, bad);
     }
   }
 
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < 43; ++r) {
-    CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
-    CK(cudaEventRecord(e0));
-    kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    if (r >= 3) ms.push_back(t);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2] * 1e3, lo = ms[0] * 1e3;
+  const auto [med, lo] = time_us([&] { kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p); });
   const double flops = 2.0 * M * K * double(N), bytes = 2.0 * (2.0 * M * 2.0 * N + double(M) * K + double(K) * N);
   std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
               label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
@@ -176,7 +188,6 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   cudaFree(d_w);
   cudaFree(d_pre);
   cudaFree(d_out);
-  cudaFree(flush);
 }
 
 // The forward kinds. Gated: x [M, K], Wg and Wu [N, K] (nn.Linear), h [M, N], pre [M, 2N]
@@ -210,9 +221,6 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   CK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_wg, wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_wu, wu.data(), wu.size() * 2, cudaMemcpyHostToDevice));
-  void* flush;
-  const size_t flush_bytes = size_t(256) << 20;
-  CK(cudaMalloc(&flush, flush_bytes));
   constexpr int BN = 128;
   const CUtensorMap mx = map2d(d_x, M, K, s::kBK, s::kBM);
   const CUtensorMap mg = map2d(d_wg, N, K, s::kBK, BN);
@@ -265,30 +273,10 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
         pairs.push_back({bf(pre[size_t(m) * pre_cols + n]), g});
         if (!Plain) pairs.push_back({bf(pre[size_t(m) * 2 * N + N + n]), u});
       }
-      for (const auto& [got, want] : pairs) {
-        const double err = std::fabs(got - want) / (std::fabs(want) + 0.05);
-        worst = std::max(worst, err);
-        if (!(err < 0.03)) ++bad;
-      }
+      for (const auto& [got, want] : pairs) check_value(got, want, worst, bad);
     }
   }
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int r = 0; r < 43; ++r) {
-    CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
-    CK(cudaEventRecord(e0));
-    kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    if (r >= 3) ms.push_back(t);
-  }
-  CK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2] * 1e3, lo = ms[0] * 1e3;
+  const auto [med, lo] = time_us([&] { kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p); });
   const double flops = (Plain ? 2.0 : 4.0) * M * K * double(N);
   std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)\n", label,
               shape, Plain ? (train ? "plain train" : "plain      ") : (train ? "fwd train  " : "fwd        "), bias ? " bias" : "     ", med, lo, flops / med * 1e-6,
@@ -300,7 +288,6 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   if (d_pre) cudaFree(d_pre);
   cudaFree(d_bg);
   cudaFree(d_bu);
-  cudaFree(flush);
 }
 
 int main(int argc, char** argv) {

@@ -155,43 +155,34 @@ int main() {
   time("copy", false, false, [&](uint4* src, uint4* dst) {
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
   });
-  // name: order / grid (CTAs per SM x threads) / depth
-#define RUN(name, inplace, TN, D, ctas_per_sm, threads, group)                              \
-  time(name, true, inplace, [&](uint4* src, uint4* dst) {                                  \
-    stream_kernel<TN, D><<<sms * (ctas_per_sm), threads>>>(src, dst, group);               \
-  })
-  RUN("rows     8x256 d1", false, 0, 1, 8, 256, 1);
-  RUN("rows     1x224 d1", false, 0, 1, 1, 224, 1);
-  RUN("rows     1x224 d4", false, 0, 4, 1, 224, 1);
-  RUN("rows     1x224 d4 inplace", true, 0, 4, 1, 224, 1);
-  RUN("tiles256 g8 1x224 d1", false, 256, 1, 1, 224, 8);
-  RUN("tiles256 g8 1x224 d4", false, 256, 4, 1, 224, 8);
-  RUN("tiles256 g8 1x224 d4 inplace", true, 256, 4, 1, 224, 8);
-  RUN("tiles256 g8 1x224 d8", false, 256, 8, 1, 224, 8);
-  RUN("tiles256 g8 4x224 d4", false, 256, 4, 4, 224, 8);
-  RUN("tiles256 g1 1x224 d4", false, 256, 4, 1, 224, 1);
-  RUN("tiles256 g64 1x224 d4", false, 256, 4, 1, 224, 64);
-  RUN("tiles512 g8 1x224 d4", false, 512, 4, 1, 224, 8);
-#define RUNPF(name, D, lead)                                                                \
-  time(name, true, true, [&](uint4* src, uint4* dst) {                                     \
-    stream_kernel<256, D, 0, lead><<<sms, 224>>>(src, dst, 8);                               \
-  })
-  RUN("tiles256 g8 1x224 d2 inplace", true, 256, 2, 1, 224, 8);
-  RUNPF("tiles256 g8 1x224 d2 inplace pf16", 2, 16);
-  RUNPF("tiles256 g8 1x224 d2 inplace pf32", 2, 32);
-  RUNPF("tiles256 g8 1x224 d2 inplace pf64", 2, 64);
-  RUNPF("tiles256 g8 1x224 d4 inplace pf32", 4, 32);
-  RUNPF("tiles256 g8 1x224 d1 inplace pf32", 1, 32);
-#undef RUNPF
-#define RUN1(name, TN, mode, group)                                                         \
-  time(name, false, false, [&](uint4* src, uint4* dst) {                                   \
-    stream_kernel<TN, 4, mode><<<sms, 224>>>(src, dst, group);                              \
-  }, 1)
-  RUN1("rows     1x224 d4 read only", 0, 1, 1);
-  RUN1("rows     1x224 d4 write only", 0, 2, 1);
-  RUN1("tiles256 g8 1x224 d4 read only", 256, 1, 8);
-  RUN1("tiles256 g8 1x224 d4 write only", 256, 2, 8);
-#undef RUN
-#undef RUN1
+  // kernel: a stream_kernel instance (order TN, depth, mode, lead); grid: CTAs per SM x threads
+  const auto run = [&](const char* name, bool inplace, auto kernel, int ctas_per_sm, int threads, int group,
+                       int traffic = 2) {
+    time(name, traffic == 2, inplace, [&](uint4* src, uint4* dst) {
+      kernel<<<sms * ctas_per_sm, threads>>>(src, dst, group);
+    }, traffic);
+  };
+  run("rows     8x256 d1", false, stream_kernel<0, 1>, 8, 256, 1);
+  run("rows     1x224 d1", false, stream_kernel<0, 1>, 1, 224, 1);
+  run("rows     1x224 d4", false, stream_kernel<0, 4>, 1, 224, 1);
+  run("rows     1x224 d4 inplace", true, stream_kernel<0, 4>, 1, 224, 1);
+  run("tiles256 g8 1x224 d1", false, stream_kernel<256, 1>, 1, 224, 8);
+  run("tiles256 g8 1x224 d4", false, stream_kernel<256, 4>, 1, 224, 8);
+  run("tiles256 g8 1x224 d4 inplace", true, stream_kernel<256, 4>, 1, 224, 8);
+  run("tiles256 g8 1x224 d8", false, stream_kernel<256, 8>, 1, 224, 8);
+  run("tiles256 g8 4x224 d4", false, stream_kernel<256, 4>, 4, 224, 8);
+  run("tiles256 g1 1x224 d4", false, stream_kernel<256, 4>, 1, 224, 1);
+  run("tiles256 g64 1x224 d4", false, stream_kernel<256, 4>, 1, 224, 64);
+  run("tiles512 g8 1x224 d4", false, stream_kernel<512, 4>, 1, 224, 8);
+  run("tiles256 g8 1x224 d2 inplace", true, stream_kernel<256, 2>, 1, 224, 8);
+  run("tiles256 g8 1x224 d2 inplace pf16", true, stream_kernel<256, 2, 0, 16>, 1, 224, 8);
+  run("tiles256 g8 1x224 d2 inplace pf32", true, stream_kernel<256, 2, 0, 32>, 1, 224, 8);
+  run("tiles256 g8 1x224 d2 inplace pf64", true, stream_kernel<256, 2, 0, 64>, 1, 224, 8);
+  run("tiles256 g8 1x224 d4 inplace pf32", true, stream_kernel<256, 4, 0, 32>, 1, 224, 8);
+  run("tiles256 g8 1x224 d1 inplace pf32", true, stream_kernel<256, 1, 0, 32>, 1, 224, 8);
+  run("rows     1x224 d4 read only", false, stream_kernel<0, 4, 1>, 1, 224, 1, 1);
+  run("rows     1x224 d4 write only", false, stream_kernel<0, 4, 2>, 1, 224, 1, 1);
+  run("tiles256 g8 1x224 d4 read only", false, stream_kernel<256, 4, 1>, 1, 224, 8, 1);
+  run("tiles256 g8 1x224 d4 write only", false, stream_kernel<256, 4, 2>, 1, 224, 8, 1);
   return 0;
 }
