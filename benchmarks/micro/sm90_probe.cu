@@ -61,7 +61,7 @@ static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_r
 
 // Params::flags (cache hints) as the ops set them (gated_gemm_sm90.cu: both for the gated
 // training forward with at most 32 MiB of operands, else none); PROBE_HINTS=0/1/2/3 overrides
-// (bit 0 evict-first epilogue stores, bit 1 evict-last TMA loads).
+// (bit 0 evict-first stores of the gated forward epilogue, bit 1 evict-last TMA loads).
 static uint32_t probe_flags(uint32_t op_default) {
   const char* v = std::getenv("PROBE_HINTS");
   return v != nullptr ? static_cast<uint32_t>(std::atoi(v)) : op_default;

@@ -104,10 +104,10 @@ struct Params {
 // (gated_gemm_sm90.cu, gated_forward_flags; NOTES, session 11). In the probe, the GeGLU d768
 // training forward took 124.8 us with both instead of 129.9, and the plain d768 forward 63.5
 // instead of 66.1, but the kernels after them lost it again where they read the outputs back.
-//   kHintStream     the forward epilogues' 16-byte global stores are evict-first (.cs)
+//   kHintStream     the gated forward epilogue's 16-byte global stores are evict-first (.cs)
 //   kHintEvictLast  the main loop's TMA loads carry an L2 evict-last policy
-// (the dh kinds are compiled without kHintStream: no gain there, and the branch costs them
-// registers).
+// (the wide epilogue, of the plain forward and dh kinds, stores without hints: no gain end to
+// end for the one, none in the probe for the other, and the branch cost dh registers).
 constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u;
 
 // Threads of the epilogue: for the dh kinds, whose epilogue moves 8 bytes per output element
@@ -171,7 +171,6 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 #define FUSED_MLP_SM90_PROBE_NOMAIN 0
 #endif
 
-
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FUSED_MLP_SM90_DEVICE 1
 #endif
@@ -225,8 +224,7 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
   }
 }
 
-// The epilogues' 16-byte global stores, evict-first when cs (kHintStream; volatile asm: out
-// may alias pre, and it keeps the order the code gives it).
+// The gated forward epilogue's 16-byte global stores, evict-first when cs (kHintStream).
 __device__ __forceinline__ void st16(void* ptr, uint4 v, bool cs) {
   if (cs) {
     asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
@@ -236,6 +234,8 @@ __device__ __forceinline__ void st16(void* ptr, uint4 v, bool cs) {
   }
 }
 
+// Shared-memory matrix descriptor of a K-major tile in the 128-byte swizzle layout the
+// TMA wrote: rows of 128 bytes, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t smem_desc(const void* tile) {
   const uint64_t addr = smem_addr(tile);
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
@@ -466,8 +466,6 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   constexpr bool kLoads = E != Epi::kPlainFwd && FUSED_MLP_SM90_PROBE != 1;
   const T* pre = static_cast<const T*>(p.pre);
   T* out = static_cast<T*>(p.out);
-  // (the dh kinds take no hints: measured the same either way, and the branch costs registers)
-  const bool cs = E == Epi::kPlainFwd && (p.flags & kHintStream) != 0;  // the host sets none for it now
   const int chunk = tid % kChunks, row0 = tid / kChunks;
   const int64_t step_p = int64_t(kRowStep) * p.ldp, step_o = int64_t(kRowStep) * p.ldo;
   uint32_t it = 0;
@@ -517,8 +515,8 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
               const float2 v = unpack2<T>(dw[q]);
               ow[q] = pack2<T>(epilogue_act<A>(v.x), epilogue_act<A>(v.y));
             }
-            st16(orow, make_uint4(ow[0], ow[1], ow[2], ow[3]), cs);
-            if (pre != nullptr) st16(const_cast<T*>(src) + k * step_p + half * BN, dv, cs);
+            *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+            if (pre != nullptr) *reinterpret_cast<uint4*>(const_cast<T*>(src) + k * step_p + half * BN) = dv;
           } else {
 #if FUSED_MLP_SM90_PROBE == 1
             const uint4 g4 = dv, u4 = dv;
@@ -547,8 +545,8 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
               if (dgw[0] == 0x7fc17fc1u && duw[0] == 0x7fc17fc1u)
 #endif
               {
-                st16(orow, make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]), cs);
-                st16(orow + p.N, make_uint4(duw[0], duw[1], duw[2], duw[3]), cs);
+                *reinterpret_cast<uint4*>(orow) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+                *reinterpret_cast<uint4*>(orow + p.N) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
               }
             } else {
               uint32_t ow[4];
@@ -560,7 +558,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
                 act_and_grad<A>(x.y, a1, d1);
                 ow[q] = pack2<T>(dh.x * d0, dh.y * d1);
               }
-              st16(orow, make_uint4(ow[0], ow[1], ow[2], ow[3]), cs);
+              *reinterpret_cast<uint4*>(orow) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
             }
           }
         }
