@@ -10,6 +10,8 @@
 //           64 = column-major); per tile and row, TN * 2 bytes of g and of u, rows 12 KB apart
 //   depth   pieces (of g and of u) each thread loads before it stores any: bytes in flight
 //   grid    CTAs x threads: one 224-thread CTA per SM as the kernel's epilogue, or more
+//   cp.async  the loads in flight held in a shared-memory ring instead of registers
+//             (stream_async_kernel; not run yet: NOTES, plan of session 11)
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -o .probe/stream_pattern benchmarks/micro/stream_pattern.cu
 //   .probe/stream_pattern
@@ -103,6 +105,53 @@ __global__ void stream_kernel(const uint4* __restrict__ pre, uint4* __restrict__
   if (Mode == 1 && acc.x == 0x9e3779b9u && acc.y == 0x7f4a7c15u) out[threadIdx.x] = acc;
 }
 
+// The tile walk with the loads in flight held in shared memory instead of registers: each
+// thread copies its g and u pieces with cp.async (16 bytes each, no registers held) into its
+// own slots of a Stages-deep ring, Stages - 1 items ahead of the one it stores, across tile
+// boundaries (the CTA's items in order: tile, then row). A thread only reads what it copied
+// itself, so cp.async.wait_group is the only synchronization. Shared memory: Stages x 2 x 16
+// bytes per thread (224 threads: 7 KB per stage). The kernel's dh epilogue would need this
+// ring beside its staging tile (NOTES, plan of session 11).
+template <int TN, int Stages>
+__global__ void stream_async_kernel(const uint4* __restrict__ pre, uint4* __restrict__ out, int group_m) {
+  extern __shared__ uint4 ring[];  // [Stages][2][blockDim.x]
+  constexpr int64_t kItems = 128 * (TN / 8);
+  const int tiles = (kM / 128) * (kN / TN);
+  const int per_tile = int((kItems + blockDim.x - 1) / blockDim.x);
+  const int my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = my_tiles * per_tile;
+  // item q of this thread: its offset in pieces, or -1 past the tile's items
+  const auto offset = [&](int q) -> int64_t {
+    const int t = blockIdx.x + (q / per_tile) * gridDim.x;
+    const int64_t e = threadIdx.x + int64_t(q % per_tile) * blockDim.x;
+    return e < kItems ? item_offset<TN>(e, t, group_m) : -1;
+  };
+  const auto slot = [&](int q, int half) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(ring + (size_t(q % Stages) * 2 + half) * blockDim.x + threadIdx.x));
+  };
+  const auto issue = [&](int q) {
+    if (q < total) {
+      const int64_t off = offset(q);
+      if (off >= 0) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slot(q, 0)), "l"(pre + off) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slot(q, 1)), "l"(pre + off + kHalf) : "memory");
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");  // empty groups keep the count aligned
+  };
+  for (int q = 0; q + 1 < Stages; ++q) issue(q);
+  for (int q = 0; q < total; ++q) {
+    issue(q + Stages - 1);
+    asm volatile("cp.async.wait_group %0;" ::"n"(Stages - 1) : "memory");
+    const int64_t off = offset(q);
+    if (off < 0) continue;
+    const uint4 g = ring[(size_t(q % Stages) * 2) * blockDim.x + threadIdx.x];
+    const uint4 u = ring[(size_t(q % Stages) * 2 + 1) * blockDim.x + threadIdx.x];
+    out[off] = make_uint4(g.x ^ u.x, g.y ^ u.y, g.z ^ u.z, g.w ^ u.w);
+    out[off + kHalf] = u;
+  }
+}
+
 static bool check(const std::vector<uint16_t>& pre, const std::vector<uint16_t>& out) {
   for (int s = 0; s < 4096; ++s) {
     const int64_t m = (int64_t(s) * 7919) % kM, n = (int64_t(s) * 104729) % kN;
@@ -180,6 +229,17 @@ int main() {
   run("tiles256 g8 1x224 d2 inplace pf64", true, stream_kernel<256, 2, 0, 64>, 1, 224, 8);
   run("tiles256 g8 1x224 d4 inplace pf32", true, stream_kernel<256, 4, 0, 32>, 1, 224, 8);
   run("tiles256 g8 1x224 d1 inplace pf32", true, stream_kernel<256, 1, 0, 32>, 1, 224, 8);
+  // the ring in shared memory (cp.async), in place as the dh kernel runs: Stages x 7 KB per CTA
+  const auto run_async = [&](const char* name, auto kernel, int stages) {
+    const int smem = stages * 2 * 16 * 224;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    time(name, true, true, [&](uint4* src, uint4* dst) { kernel<<<sms, 224, smem>>>(src, dst, 8); });
+  };
+  run_async("tiles256 g8 1x224 cp.async 2 stages inplace", stream_async_kernel<256, 2>, 2);
+  run_async("tiles256 g8 1x224 cp.async 3 stages inplace", stream_async_kernel<256, 3>, 3);
+  run_async("tiles256 g8 1x224 cp.async 4 stages inplace", stream_async_kernel<256, 4>, 4);
+  run_async("tiles256 g8 1x224 cp.async 6 stages inplace", stream_async_kernel<256, 6>, 6);
+  run_async("tiles256 g8 1x224 cp.async 8 stages inplace", stream_async_kernel<256, 8>, 8);
   run("rows     1x224 d4 read only", false, stream_kernel<0, 4, 1>, 1, 224, 1, 1);
   run("rows     1x224 d4 write only", false, stream_kernel<0, 4, 2>, 1, 224, 1, 1);
   run("tiles256 g8 1x224 d4 read only", false, stream_kernel<256, 4, 1>, 1, 224, 8, 1);
