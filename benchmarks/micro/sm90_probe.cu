@@ -59,9 +59,9 @@ static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_r
   return m;
 }
 
-// Params::flags (cache hints) as the ops set them (gated_gemm_sm90.cu: both for the gated
-// training forward with at most 32 MiB of operands, else none); PROBE_HINTS=0/1/2/3 overrides
-// (bit 0 evict-first stores of the gated forward epilogue, bit 1 evict-last TMA loads).
+// Params::flags (cache hints) as the ops set them (s::gated_forward_hints for the gated
+// forward, none for the other kinds); PROBE_HINTS=0/1/2/3 overrides (bit 0 evict-first stores
+// of the gated forward epilogue, bit 1 evict-last TMA loads).
 static uint32_t probe_flags(uint32_t op_default) {
   const char* v = std::getenv("PROBE_HINTS");
   return v != nullptr ? static_cast<uint32_t>(std::atoi(v)) : op_default;
@@ -237,8 +237,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   p.K = K;
   p.tiles_m = (M + s::kBM - 1) / s::kBM;
   p.tiles_n = (N + (Plain ? 2 * BN : BN) - 1) / (Plain ? 2 * BN : BN);
-  const double operand_bytes = 2.0 * (double(M) * K + (Plain ? 1.0 : 2.0) * double(N) * K);
-  p.flags = probe_flags(!Plain && train && operand_bytes <= double(32 << 20) ? s::kHintStream | s::kHintEvictLast : 0u);
+  p.flags = probe_flags(Plain ? 0u : s::gated_forward_hints(train, 2 * (int64_t(M) * K + 2 * int64_t(N) * K)));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto kernel = s::gated_gemm_kernel<bf16, A, BN, Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, false>;

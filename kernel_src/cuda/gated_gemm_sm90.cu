@@ -80,19 +80,11 @@ int sm_count(int device) {
   return n;
 }
 
-// Cache hints (Params::flags; the kernel header says what they do). Measured end to end
-// (NOTES, session 11, benchmarks/micro/cache_hints_ab.py) they pay only in the gated training
-// forward (it also writes g | u) when its operands fit in L2 with room to spare: GeGLU d768's
-// training step 594.5 -> 589.3 and 599.2 -> 593.5 us in two runs (its kernel 130 -> 125 in
-// three probe runs). Elsewhere they gained nothing (the GeGLU and plain d768 forwards: the
-// kernels after them read h / out back from DRAM) or looked worse (SwiGLU d4096's step
-// +2%, at the edge of the A/B's noise of ~1.4%). So: that case only, x and both weights at
-// most 32 MiB; FUSED_MLP_SM90_CACHE_HINTS=0 turns them off (read at every call, like the
-// package's other switches).
+// gated_forward_hints (kernel header), unless FUSED_MLP_SM90_CACHE_HINTS=0 (read at every
+// call, like the package's other switches).
 uint32_t gated_forward_flags(bool training, int64_t operand_bytes) {
   const char* v = std::getenv("FUSED_MLP_SM90_CACHE_HINTS");
-  if ((v != nullptr && v[0] == '0') || !training || operand_bytes > (int64_t(32) << 20)) return 0u;
-  return kHintStream | kHintEvictLast;
+  return (v != nullptr && v[0] == '0') ? 0u : gated_forward_hints(training, operand_bytes);
 }
 
 // Tile width: 112 columns where that needs fewer rounds of the persistent loop for the

@@ -101,14 +101,25 @@ struct Params {
 };
 
 // Params::flags: cache hints, set by the host where they measured faster end to end
-// (gated_gemm_sm90.cu, gated_forward_flags; NOTES, session 11). In the probe, the GeGLU d768
-// training forward took 124.8 us with both instead of 129.9, and the plain d768 forward 63.5
-// instead of 66.1, but the kernels after them lost it again where they read the outputs back.
+// (gated_forward_hints below; NOTES, session 11). In the probe, the GeGLU d768 training
+// forward took 124.8 us with both instead of 129.9, and the plain d768 forward 63.5 instead
+// of 66.1, but the kernels after them lost it again where they read the outputs back.
 //   kHintStream     the gated forward epilogue's 16-byte global stores are evict-first (.cs)
 //   kHintEvictLast  the main loop's TMA loads carry an L2 evict-last policy
 // (the wide epilogue, of the plain forward and dh kinds, stores without hints: no gain end to
 // end for the one, none in the probe for the other, and the branch cost dh registers).
 constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u;
+
+// The hints the gated forward kind gets. Measured end to end (benchmarks/micro/
+// cache_hints_ab.py) they pay only in training (the kernel also writes g | u) when x and both
+// weights fit in L2 with room to spare: GeGLU d768's training step 594.5 -> 589.3 and 599.2 ->
+// 593.5 us in two runs (its kernel 130 -> 125 in three probe runs). Elsewhere they gained
+// nothing (the d768 inference forwards: the next kernel reads h / out back from DRAM) or looked
+// worse (SwiGLU d4096's step +2%, at the edge of the A/B's noise of ~1.4%). So: training with
+// at most 32 MiB of operands only. The op (gated_gemm_sm90.cu) and the probe both call this.
+inline uint32_t gated_forward_hints(bool training, int64_t operand_bytes) {
+  return (training && operand_bytes <= (int64_t(32) << 20)) ? (kHintStream | kHintEvictLast) : 0u;
+}
 
 // Threads of the epilogue: for the dh kinds, whose epilogue moves 8 bytes per output element
 // (g, u in; dg, du out: 128 KB each way per tile) against the forward kinds' 1-3, the epilogue group plus warps 1-3 of the
