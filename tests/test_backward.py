@@ -1125,17 +1125,23 @@ def test_fast_tanh_is_default_for_16_bit_only(fused_mlp, monkeypatch):
 # ----------------------------------------------------------------------------- sm_90a dh kernel
 
 
-DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264)]  # (M, K = model dim, N = hidden)
+# (M, K = model dim, N = hidden). The gated kind takes its narrow form (128 x 128 tiles, g | u
+# loaded by TMA) for K <= 1024 and the wide one above: the last shape.
+DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264), (129, 1032, 136)]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("narrow", ["default", "off"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
-def test_gpu_sm90_dact(fused_mlp, dtype, act):
+def test_gpu_sm90_dact(fused_mlp, dtype, act, narrow, monkeypatch):
     """dact_gemm_sm90 against float64: dh = dy @ W with the derivative epilogue, gated and
     plain, W as [K, N] (N-major) and, for the plain MLP, as [N, K] (K-major), in place and
-    into a separate buffer (poisoned), on awkward shapes."""
+    into a separate buffer (poisoned), on awkward shapes; narrow "off"
+    (FUSED_MLP_SM90_NARROW_DH=0) runs the gated shapes of K <= 1024 on the wide kind too."""
     need_sm90(fused_mlp)
+    if narrow == "off":
+        monkeypatch.setenv("FUSED_MLP_SM90_NARROW_DH", "0")
     acts = fused_mlp.activations
     f, df = acts.torch_activation(act), acts.torch_activation_derivative(act)
     aid = acts.ACTIVATION_IDS[act]

@@ -43,15 +43,16 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode() {
   return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
 }
 
-// Row-major [rows, cols] bf16 as box_rows x box_cols boxes, 128-byte swizzle (as the ops do).
-static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_rows) {
+// Row-major [rows, cols] bf16 as box_rows x box_cols boxes, 128-byte swizzle (as the ops do;
+// swizzle false: none, for the narrow dh kind's g | u buffers).
+static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_rows, bool swizzle = true) {
   CUtensorMap m;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
   if (encode()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuTensorMapEncodeTiled failed\n");
     std::exit(2);
@@ -119,8 +120,13 @@ static std::pair<double, double> time_us(Launch launch) {
   return {ms[ms.size() / 2] * 1e3, ms[0] * 1e3};
 }
 
+// BN: 128 (the wide dh kind) or 64 (the narrow one, 128 x 128 tiles: PROBE_DH_BN=64 at build).
+#ifndef PROBE_DH_BN
+#define PROBE_DH_BN 128
+#endif
 template <Activation A>
 static void run(const char* label, const char* shape, int M, int K, int N, bool inplace) {
+  constexpr int BN = PROBE_DH_BN;
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<bf16> dy(size_t(M) * K), w(size_t(K) * N), pre(size_t(M) * 2 * N);
@@ -138,6 +144,8 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   CK(cudaMemcpy(d_pre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
   const CUtensorMap md = map2d(d_dy, M, K, s::kBK, s::kBM);
   const CUtensorMap mw = map2d(d_w, K, N, 64, s::kBK);
+  // the narrow kind's third map: pre as [M, 2N], 2 BN x kGuRows boxes, no swizzle
+  const CUtensorMap mp = map2d(d_pre, M, 2 * N, 2 * BN, s::kGuRows, false);
   s::Params p{};
   p.out = inplace ? d_pre : d_out;  // in place: out = pre, as the training backward calls it
   p.pre = d_pre;
@@ -146,17 +154,17 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   p.N = N;
   p.K = K;
   p.tiles_m = (M + s::kBM - 1) / s::kBM;
-  p.tiles_n = (N + 255) / 256;
+  p.tiles_n = (N + 2 * BN - 1) / (2 * BN);
   p.flags = probe_flags(0);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto kernel = s::gated_gemm_kernel<bf16, A, 128, s::Epi::kGatedDh, true>;
-  constexpr int kSmem = s::Layout<128>::kSmemBytes;
+  auto kernel = s::gated_gemm_kernel<bf16, A, BN, s::Epi::kGatedDh, true>;
+  constexpr int kSmem = s::KindLayout<s::Epi::kGatedDh, BN>::kSmemBytes;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
 
   if (!inplace) CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
-  kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p);
+  kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mp, p);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   int bad = 0;
@@ -179,7 +187,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
     }
   }
 
-  const auto [med, lo] = time_us([&] { kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mw, p); });
+  const auto [med, lo] = time_us([&] { kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mp, p); });
   const double flops = 2.0 * M * K * double(N), bytes = 2.0 * (2.0 * M * 2.0 * N + double(M) * K + double(K) * N);
   std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
               label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
@@ -241,7 +249,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto kernel = s::gated_gemm_kernel<bf16, A, BN, Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, false>;
-  constexpr int kSmem = s::Layout<BN>::kSmemBytes;
+  constexpr int kSmem = s::KindLayout<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>::kSmemBytes;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
@@ -305,5 +313,10 @@ int main(int argc, char** argv) {
   run<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, inplace);
   run<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, inplace);
   run<Activation::kSilu>(label, "swiglu_m512", 512, 4096, 14336, inplace);
+  run<Activation::kGeluTanh>(label, "odd_m777_n1000", 777, 200, 1000, inplace);  // partial tiles everywhere
+  if (std::getenv("PROBE_MORE_K") != nullptr) {  // where the narrow kind stops paying (NOTES, session 12)
+    run<Activation::kSilu>(label, "d1024_h4096", 8192, 1024, 4096, inplace);
+    run<Activation::kSilu>(label, "d2048_h5632", 8192, 2048, 5632, inplace);
+  }
   return 0;
 }

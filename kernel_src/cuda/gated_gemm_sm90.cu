@@ -35,7 +35,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // A row-major 2-D tensor as boxes of box_rows x box_cols elements with the 128-byte
 // swizzle: the K-major operands as box_rows x 64 (one 128-byte row of K per box row), the
 // dh kinds' [K, N] weight as 64 x 64 N-major boxes.
-CUtensorMap tensor_map(const at::Tensor& t, int box_cols, int box_rows, const char* name) {
+CUtensorMap tensor_map(const at::Tensor& t, int box_cols, int box_rows, const char* name, bool swizzle = true) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)), static_cast<cuuint64_t>(t.size(0))};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.stride(0)) * 2};
@@ -43,7 +43,8 @@ CUtensorMap tensor_map(const at::Tensor& t, int box_cols, int box_rows, const ch
   const cuuint32_t elem[2] = {1, 1};
   const auto dtype = t.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode_fn()(&map, dtype, 2, t.data_ptr(), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   FUSED_MLP_CHECK(r == CUDA_SUCCESS, "fused_mlp: the sm_90a kernel could not describe ", name,
                   " for the TMA (cuTensorMapEncodeTiled error ", static_cast<int>(r), ")");
@@ -101,7 +102,7 @@ template <typename T, Activation A, int BN, Epi E, bool BNMajor = false>
 void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb1, Params p, cudaStream_t stream,
             int device) {
   auto kernel = gated_gemm_kernel<T, A, BN, E, BNMajor>;
-  constexpr int kSmem = Layout<BN>::kSmemBytes;
+  constexpr int kSmem = KindLayout<E, BN>::kSmemBytes;
   static bool smem_set[64] = {};  // per device; setting it twice in a race is harmless
   if (device >= 64 || !smem_set[device]) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -233,13 +234,21 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap md = tensor_map(dy, kBK, kBM, "dy");
   const CUtensorMap mw = weight_kn ? tensor_map(weight, 64, kBK, "weight") : tensor_map(weight, kBK, 128, "weight");
+  // The narrow gated kind (128 x 128 tiles, g | u loaded by TMA: narrow_gated_dh in the
+  // header); FUSED_MLP_SM90_NARROW_DH=0 keeps the wide one. Its third map is pre, unswizzled
+  // boxes of kGuRows rows x 128 columns.
+  const char* nv = std::getenv("FUSED_MLP_SM90_NARROW_DH");
+  const bool narrow = gated && narrow_gated_dh(K) && !(nv != nullptr && nv[0] == '0');
+  const CUtensorMap mp = narrow ? tensor_map(pre, 128, kGuRows, "pre", false) : mw;
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (dy.scalar_type() == at::kBFloat16) {
-      if (gated) launch<__nv_bfloat16, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
+      if (narrow) launch<__nv_bfloat16, kAct, 64, Epi::kGatedDh, true>(md, mw, mp, p, stream, device);
+      else if (gated) launch<__nv_bfloat16, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
       else if (weight_kn) launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh, true>(md, mw, mw, p, stream, device);
       else launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh, false>(md, mw, mw, p, stream, device);
     } else {
-      if (gated) launch<__half, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
+      if (narrow) launch<__half, kAct, 64, Epi::kGatedDh, true>(md, mw, mp, p, stream, device);
+      else if (gated) launch<__half, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
       else if (weight_kn) launch<__half, kAct, 128, Epi::kPlainDh, true>(md, mw, mw, p, stream, device);
       else launch<__half, kAct, 128, Epi::kPlainDh, false>(md, mw, mw, p, stream, device);
     }

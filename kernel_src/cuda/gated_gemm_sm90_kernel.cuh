@@ -64,17 +64,27 @@ constexpr int kStages = FUSED_MLP_SM90_STAGES;
 constexpr int kGroupM = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
 constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 
+#ifndef FUSED_MLP_SM90_GU_ROWS
+#define FUSED_MLP_SM90_GU_ROWS 32
+#endif
+constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded buffer of the narrow dh kind (below)
+
 // Shared memory of a tile BN columns of h wide (BN = 128, or 112 where 128-column tiles
-// leave SMs idle: see pick_block_n).
-template <int BN>
+// leave SMs idle: see pick_block_n; 64 for the narrow gated dh kind): Stages ring stages, the
+// staging tile, and GuBufs buffers of g | u (kGuRows rows of the tile's 2 BN columns each).
+template <int BN, int Stages = kStages, int GuBufs = 0>
 struct Layout {
   static constexpr int kTileBytesW = BN * kBK * 2;                  // Wg or Wu per stage
-  static constexpr int kStageBytes = kTileBytesX + 2 * kTileBytesW;  // 48 KB / 44 KB
-  static constexpr int kStgStride = BN + 8;   // staging row: 272 / 240 bytes, no bank conflicts
+  static constexpr int kStageBytes = kTileBytesX + 2 * kTileBytesW;  // 48 KB / 44 KB / 32 KB
+  static constexpr int kStgStride = BN + 8;   // staging row: 272 / 240 / 144 bytes, no bank conflicts
   static constexpr int kStgBytes = kBM * kStgStride * 2;
-  static constexpr int kBarOffset = kStages * kStageBytes + 2 * kStgBytes;
-  static constexpr int kSmemBytes = kBarOffset + 64 + 1024;  // + barriers + alignment slack
+  static constexpr int kGuOffset = Stages * kStageBytes + 2 * kStgBytes;
+  static constexpr int kGuBufBytes = 2 * kGuRows * 2 * BN * 2;  // g rows, then u rows, unpadded
+  static constexpr int kBarOffset = kGuOffset + GuBufs * kGuBufBytes;
+  static constexpr int kBarBytes = 8 * (2 * Stages + 2 + 2 * GuBufs);
+  static constexpr int kSmemBytes = kBarOffset + kBarBytes + 1024;  // + barriers + alignment slack
   static_assert(kTileBytesW % 1024 == 0, "swizzled tiles must stay 1024-byte aligned");
+  static_assert(kGuOffset % 1024 == 0, "the g | u buffers must stay aligned");
 };
 
 // What a kernel computes around its GEMM (the main loop is the same for all three):
@@ -138,8 +148,41 @@ inline uint32_t gated_forward_hints(bool training, int64_t operand_bytes) {
 #ifndef FUSED_MLP_SM90_PLAIN_HELPERS  // and for the plain forward kind (an experiment switch)
 #define FUSED_MLP_SM90_PLAIN_HELPERS 0
 #endif
-template <Epi E>
+// The narrow gated dh kind (BN = 64, a 128 x 128 tile of dh): the epilogue does not load g | u
+// itself; one thread (warp 1 of the producer's group) TMA-loads them into GuBufs buffers of
+// kGuRows rows, running ahead across tiles, and the ring has FUSED_MLP_SM90_NARROW_STAGES
+// stages. Its epilogue is warps 2-3 of the producer's group and the epilogue group (192
+// threads). NOTES, session 12. FUSED_MLP_SM90_DH_TMA=0 (an experiment switch) gives BN = 64
+// the wide epilogue instead.
+#ifndef FUSED_MLP_SM90_DH_TMA
+#define FUSED_MLP_SM90_DH_TMA 1
+#endif
+#ifndef FUSED_MLP_SM90_NARROW_STAGES
+#define FUSED_MLP_SM90_NARROW_STAGES 4
+#endif
+#ifndef FUSED_MLP_SM90_GU_BUFS
+#define FUSED_MLP_SM90_GU_BUFS 3
+#endif
+template <Epi E, int BN>
+__host__ __device__ constexpr bool gu_tma() {
+  return E == Epi::kGatedDh && BN == 64 && FUSED_MLP_SM90_DH_TMA;
+}
+template <Epi E, int BN>
+__host__ __device__ constexpr int ring_stages() {
+  return gu_tma<E, BN>() ? FUSED_MLP_SM90_NARROW_STAGES : kStages;
+}
+// The shared memory of a kind (the host's launch and the kernel both use it).
+template <Epi E, int BN>
+using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_tma<E, BN>() ? FUSED_MLP_SM90_GU_BUFS : 0>;
+
+// Which gated dh kind the host launches: the narrow one where the epilogue's bytes outweigh
+// the main loop's work, K (the model's dim) <= 1024. Measured (probe, NOTES session 12):
+// GeGLU K = 768 102.1 -> 95.5 us, K = 200 17.5 -> 10.9; SwiGLU K = 4096 704 -> 766.
+inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 1024; }
+
+template <Epi E, int BN>
 __host__ __device__ constexpr int epilogue_threads() {
+  if (gu_tma<E, BN>()) return 192;
   return ((FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ||
           (FUSED_MLP_SM90_FWD_HELPERS && E == Epi::kGatedFwd) ||
           (FUSED_MLP_SM90_PLAIN_HELPERS && E == Epi::kPlainFwd))
@@ -275,8 +318,14 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The accumulator registers of an m64nNk16 wgmma (N / 2 per thread: 56 for N = 112, 64
-// for N = 128): the instruction's register list and the matching asm operands.
+// The accumulator registers of an m64nNk16 wgmma (N / 2 per thread: 32 for N = 64, 56 for
+// N = 112, 64 for N = 128): the instruction's register list and the matching asm operands.
+#define FUSED_MLP_WGMMA_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FUSED_MLP_WGMMA_ACC32(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define FUSED_MLP_WGMMA_R56 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
 #define FUSED_MLP_WGMMA_R64 FUSED_MLP_WGMMA_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
 #define FUSED_MLP_WGMMA_ACC56(d) \
@@ -302,9 +351,23 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 template <typename T, int BN, bool BNMajor>
 __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t accumulate) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  static_assert(BN == 128 || BN == 112, "tile widths: 128 or 112");
-  static_assert(BN == 128 || !BNMajor, "N-major B: 128-column tiles only");
-  if constexpr (BNMajor && kBf16) {
+  static_assert(BN == 128 || BN == 112 || BN == 64, "tile widths: 128, 112 or 64");
+  static_assert(BN != 112 || !BNMajor, "N-major B: 64- or 128-column tiles only");
+  if constexpr (BN == 64) {
+    if constexpr (BNMajor && kBf16) {
+      asm volatile(FUSED_MLP_WGMMA_ASM(64, "bf16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "1")
+                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
+    } else if constexpr (BNMajor) {
+      asm volatile(FUSED_MLP_WGMMA_ASM(64, "f16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "1")
+                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
+    } else if constexpr (kBf16) {
+      asm volatile(FUSED_MLP_WGMMA_ASM(64, "bf16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "0")
+                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
+    } else {
+      asm volatile(FUSED_MLP_WGMMA_ASM(64, "f16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "0")
+                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
+    }
+  } else if constexpr (BNMajor && kBf16) {
     asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "1")
                  : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
   } else if constexpr (BNMajor) {
@@ -427,6 +490,32 @@ __device__ __forceinline__ void act_and_grad(float x, float& a, float& d) {
   }
 }
 
+// The gated dh epilogue's arithmetic on 8 columns: dh (staged, rounded), g and u (saved) ->
+// dg = dh * u * act'(g) and du = dh * act(g), rounded.
+template <typename T, Activation A>
+__device__ __forceinline__ void gated_dh8(const uint4& dv, const uint4& g4, const uint4& u4, uint4& dg, uint4& du) {
+  const uint32_t dw[4] = {dv.x, dv.y, dv.z, dv.w};
+  const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w};
+  const uint32_t uw[4] = {u4.x, u4.y, u4.z, u4.w};
+  uint32_t dgw[4], duw[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 dh = unpack2<T>(dw[q]), g = unpack2<T>(gw[q]), u = unpack2<T>(uw[q]);
+    float a0, d0, a1, d1;
+    act_and_grad<A>(g.x, a0, d0);
+    act_and_grad<A>(g.y, a1, d1);
+#if FUSED_MLP_SM90_PROBE == 5
+    dgw[q] = gw[q] ^ dw[q];
+    duw[q] = uw[q] ^ dw[q];
+#else
+    dgw[q] = pack2<T>(dh.x * u.x * d0, dh.y * u.y * d1);
+    duw[q] = pack2<T>(dh.x * a0, dh.y * a1);
+#endif
+  }
+  dg = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
+  du = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+}
+
 template <int BN>
 __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int& n0) {
   const int per_group = kGroupM * p.tiles_n;
@@ -536,28 +625,14 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
 #endif
             const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w};
             if constexpr (E == Epi::kGatedDh) {
-              const uint32_t uw[4] = {u4.x, u4.y, u4.z, u4.w};
-              uint32_t dgw[4], duw[4];
-#pragma unroll
-              for (int q = 0; q < 4; ++q) {
-                const float2 dh = unpack2<T>(dw[q]), g = unpack2<T>(gw[q]), u = unpack2<T>(uw[q]);
-                float a0, d0, a1, d1;
-                act_and_grad<A>(g.x, a0, d0);
-                act_and_grad<A>(g.y, a1, d1);
-#if FUSED_MLP_SM90_PROBE == 5
-                dgw[q] = gw[q] ^ dw[q];
-                duw[q] = uw[q] ^ dw[q];
-#else
-                dgw[q] = pack2<T>(dh.x * u.x * d0, dh.y * u.y * d1);
-                duw[q] = pack2<T>(dh.x * a0, dh.y * a1);
-#endif
-              }
+              uint4 dg, du;
+              gated_dh8<T, A>(dv, g4, u4, dg, du);
 #if FUSED_MLP_SM90_PROBE == 2
-              if (dgw[0] == 0x7fc17fc1u && duw[0] == 0x7fc17fc1u)
+              if (dg.x == 0x7fc17fc1u && du.x == 0x7fc17fc1u)
 #endif
               {
-                *reinterpret_cast<uint4*>(orow) = make_uint4(dgw[0], dgw[1], dgw[2], dgw[3]);
-                *reinterpret_cast<uint4*>(orow + p.N) = make_uint4(duw[0], duw[1], duw[2], duw[3]);
+                *reinterpret_cast<uint4*>(orow) = dg;
+                *reinterpret_cast<uint4*>(orow + p.N) = du;
               }
             } else {
               uint32_t ow[4];
@@ -574,6 +649,88 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
           }
         }
       }
+    }
+    bar_arrive(freed);
+  }
+}
+
+// The narrow gated dh kind (BN = 64, gu_tma): the thread that loads g | u for the epilogue.
+// For every tile of the CTA, in the epilogue's order, kBM / kGuRows buffers: kGuRows rows of
+// g (the tile's 2 BN columns) and the same rows of u, one TMA box each (map: pre as [M, 2N],
+// no swizzle, 2 BN x kGuRows boxes). Rows past M and columns past 2N arrive as zeros; g's
+// columns past N (the last column tile) are u's and are never stored. Each buffer waits for
+// the epilogue to release it, so the loads run up to GuBufs buffers ahead, across tiles.
+template <int BN, int GuBufs>
+__device__ __forceinline__ void gu_loader(const CUtensorMap* map, const Params& p, int tiles, uint8_t* gu,
+                                          uint64_t* gu_full, uint64_t* gu_empty) {
+  constexpr int kBufBytes = Layout<BN>::kGuBufBytes;
+#if FUSED_MLP_SM90_PROBE == 3 || FUSED_MLP_SM90_PROBE == 1
+  return;
+#endif
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+  uint64_t policy = 0;
+  if (p.flags & kHintStream) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  uint32_t c = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int m0, n0;
+    tile_coords<2 * BN>(t, p, m0, n0);
+    for (int j = 0; j < kBM / kGuRows; ++j, ++c) {
+      const int b = c % GuBufs;
+      bar_wait(&gu_empty[b], ((c / GuBufs) & 1) ^ 1);
+      bar_expect_tx(&gu_full[b], kBufBytes);
+      uint8_t* dst = gu + b * kBufBytes;
+      tma_load(dst, map, &gu_full[b], n0, m0 + j * kGuRows, policy);
+      tma_load(dst + kBufBytes / 2, map, &gu_full[b], p.N + n0, m0 + j * kGuRows, policy);
+    }
+  }
+}
+
+// The narrow gated dh kind's epilogue threads (kEpiThreads, tid 0 .. kEpiThreads - 1): for each
+// buffer of kGuRows rows, item e = tid + kEpiThreads i covers 8 columns (chunk e % C, C = 2 BN
+// / 8) of row e / C: dh from the staging tile (chunks below BN / 8 from the first half), g and
+// u from the buffer, dg | du stored with 16-byte stores (out may be pre: the buffer's rows
+// were loaded before any of them is written).
+template <typename T, Activation A, int BN, int kEpiThreads, int GuBufs>
+__device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
+                                                   const uint8_t* gu, uint64_t* staged, uint64_t* freed,
+                                                   uint64_t* gu_full, uint64_t* gu_empty, int tid) {
+  constexpr int kCols = 2 * BN, kChunks = kCols / 8, kHalfChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
+  constexpr int kItems = kGuRows * kChunks, kBufBytes = Layout<BN>::kGuBufBytes;
+  T* out = static_cast<T*>(p.out);
+  const bool cs = (p.flags & kHintStream) != 0;
+  uint32_t it = 0, c = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+    int m0, n0;
+    tile_coords<kCols>(t, p, m0, n0);
+    bar_wait(staged, it & 1);
+#if FUSED_MLP_SM90_PROBE == 3 || FUSED_MLP_SM90_PROBE == 1
+    bar_arrive(freed);
+    continue;
+#endif
+    for (int j = 0; j < kBM / kGuRows; ++j, ++c) {
+      const int b = c % GuBufs;
+      bar_wait(&gu_full[b], (c / GuBufs) & 1);
+      const T* gbuf = reinterpret_cast<const T*>(gu + b * kBufBytes);
+      const T* ubuf = gbuf + kGuRows * kCols;
+#pragma unroll
+      for (int e = tid; e < kItems; e += kEpiThreads) {
+        const int rl = e / kChunks, ch = e % kChunks;
+        const int r = j * kGuRows + rl, m = m0 + r, col = n0 + ch * 8;
+        const uint4 dv = *reinterpret_cast<const uint4*>((ch < kHalfChunks ? stg_g : stg_u) + r * kStgStride +
+                                                         (ch % kHalfChunks) * 8);
+        const uint4 g4 = *reinterpret_cast<const uint4*>(gbuf + rl * kCols + ch * 8);
+        const uint4 u4 = *reinterpret_cast<const uint4*>(ubuf + rl * kCols + ch * 8);
+        if (m >= p.M || col >= p.N) continue;
+        uint4 dg, du;
+        gated_dh8<T, A>(dv, g4, u4, dg, du);
+#if FUSED_MLP_SM90_PROBE == 2
+        if (dg.x != 0x7fc17fc1u || du.x != 0x7fc17fc1u) continue;
+#endif
+        T* orow = out + int64_t(m) * p.ldo + col;
+        st16(orow, dg, cs);
+        st16(orow + p.N, du, cs);
+      }
+      bar_arrive(&gu_empty[b]);
     }
     bar_arrive(freed);
   }
@@ -630,35 +787,49 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
 }
 
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
-// tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused).
+// tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
+// the narrow gated dh kind: there it describes pre for gu_loader).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  using L = Layout<BN>;
+  using L = KindLayout<E, BN>;
+  constexpr int kSt = ring_stages<E, BN>();
+  constexpr bool kGu = gu_tma<E, BN>();
+  constexpr int kGuBufs = kGu ? FUSED_MLP_SM90_GU_BUFS : 1;
   constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
   constexpr bool kFwd = E == Epi::kGatedFwd;
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  T* stg_g = reinterpret_cast<T*>(smem + kStages * kStageBytes);
+  T* stg_g = reinterpret_cast<T*>(smem + kSt * kStageBytes);
   T* stg_u = stg_g + kBM * kStgStride;
+  uint8_t* gu = smem + L::kGuOffset;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
-  uint64_t* empty = full + kStages;
-  uint64_t* staged = empty + kStages;
+  uint64_t* empty = full + kSt;
+  uint64_t* staged = empty + kSt;
   uint64_t* freed = staged + 1;
+  uint64_t* gu_full = freed + 1;      // kGu only
+  uint64_t* gu_empty = gu_full + kGuBufs;
+  constexpr int kEpiThreads = epilogue_threads<E, BN>();
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kSt; ++s) {
       bar_init(&full[s], 1);
       bar_init(&empty[s], 2);  // one arrival per MMA warp group
     }
     bar_init(staged, 256);     // every MMA thread
-    bar_init(freed, epilogue_threads<E>());  // every epilogue thread
+    bar_init(freed, kEpiThreads);  // every epilogue thread
+    if constexpr (kGu) {
+      for (int b = 0; b < kGuBufs; ++b) {
+        bar_init(&gu_full[b], 1);
+        bar_init(&gu_empty[b], kEpiThreads);
+      }
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -666,12 +837,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles = p.tiles_m * p.tiles_n;
   const int ksteps = (p.K + kBK - 1) / kBK;
 
-  constexpr int kEpiThreads = epilogue_threads<E>();
   constexpr bool kHelpers = kEpiThreads > 128;  // warps 1-3 of group 0 work in the epilogue
   if (wg == 0) {
     if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if constexpr (kHelpers) {
+    if constexpr (kGu) {  // warp 1: the g | u loader; warps 2-3: epilogue
+      if (tid >= 64)
+        narrow_dh_epilogue<T, A, BN, kEpiThreads, kGuBufs>(p, tiles, stg_g, stg_u, gu, staged, freed, gu_full,
+                                                           gu_empty, 128 + tid - 64);
+      else if (tid == 32)
+        gu_loader<BN, kGuBufs>(&map_u, p, tiles, gu, gu_full, gu_empty);
+    } else if constexpr (kHelpers) {
       if (tid >= 32) {
         if constexpr (kFwd) gated_fwd_epilogue<T, A, BN, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
         else wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
@@ -688,15 +864,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         int m0, n0;
         tile_coords<kTileN>(t, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
-          const int s = c % kStages;
-          bar_wait(&empty[s], ((c / kStages) & 1) ^ 1);
+          const int s = c % kSt;
+          bar_wait(&empty[s], ((c / kSt) & 1) ^ 1);
           bar_expect_tx(&full[s], kStageBytes);
           uint8_t* st = smem + s * kStageBytes;
           tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
           if constexpr (BNMajor) {
-            // four 64-column boxes of 64 K rows: columns n0 .. n0 + 255 (both halves)
+            // 64-column boxes of 64 K rows: columns n0 .. n0 + 2 BN - 1 (both halves)
 #pragma unroll
-            for (int b = 0; b < 4; ++b)
+            for (int b = 0; b < 2 * BN / 64; ++b)
               tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kb * kBK, policy);
           } else {
             tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, policy);
@@ -739,8 +915,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
       for (int kb = 0; kb < ksteps; ++kb, ++c) {
 #endif
-        const int s = c % kStages;
-        bar_wait(&full[s], (c / kStages) & 1);
+        const int s = c % kSt;
+        bar_wait(&full[s], (c / kSt) & 1);
         const uint8_t* st = smem + s * kStageBytes;
         const uint64_t da = smem_desc(st + half * (kTileBytesX / 2));
         const uint8_t* wt = st + kTileBytesX;
@@ -762,12 +938,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(acc_g);
         fence_regs(acc_u);
         wgmma_wait<1>();
-        if (kb > 0 && tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
+        if (kb > 0 && tid == 0) bar_arrive(&empty[(c - 1) % kSt]);
       }
       wgmma_wait<0>();
       fence_regs(acc_g);
       fence_regs(acc_u);
-      if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) bar_arrive(&empty[(c - 1) % kStages]);
+      if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) bar_arrive(&empty[(c - 1) % kSt]);
 
       // Hand g and u to the epilogue group through the staging tile.
       bar_wait(freed, (it & 1) ^ 1);
@@ -796,7 +972,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
-    if constexpr (kFwd) {
+    if constexpr (kGu) {
+      narrow_dh_epilogue<T, A, BN, kEpiThreads, kGuBufs>(p, tiles, stg_g, stg_u, gu, staged, freed, gu_full, gu_empty,
+                                                         tid);
+    } else if constexpr (kFwd) {
       gated_fwd_epilogue<T, A, BN, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, tid);
     } else {
       wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, tid);
