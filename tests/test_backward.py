@@ -1126,7 +1126,7 @@ def test_fast_tanh_is_default_for_16_bit_only(fused_mlp, monkeypatch):
 
 
 # (M, K = model dim, N = hidden). The gated kind takes its narrow form (128 x 128 tiles, g | u
-# loaded by TMA) for K <= 1024 and the wide one above: the last shape.
+# loaded by TMA) for K <= 768 and the wide one above: the last two shapes.
 DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264), (129, 1032, 136)]
 
 
@@ -1138,7 +1138,7 @@ def test_gpu_sm90_dact(fused_mlp, dtype, act, narrow, monkeypatch):
     """dact_gemm_sm90 against float64: dh = dy @ W with the derivative epilogue, gated and
     plain, W as [K, N] (N-major) and, for the plain MLP, as [N, K] (K-major), in place and
     into a separate buffer (poisoned), on awkward shapes; narrow "off"
-    (FUSED_MLP_SM90_NARROW_DH=0) runs the gated shapes of K <= 1024 on the wide kind too."""
+    (FUSED_MLP_SM90_NARROW_DH=0) runs the gated shapes of K <= 768 on the wide kind too."""
     need_sm90(fused_mlp)
     if narrow == "off":
         monkeypatch.setenv("FUSED_MLP_SM90_NARROW_DH", "0")

@@ -176,9 +176,10 @@ template <Epi E, int BN>
 using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_tma<E, BN>() ? FUSED_MLP_SM90_GU_BUFS : 0>;
 
 // Which gated dh kind the host launches: the narrow one where the epilogue's bytes outweigh
-// the main loop's work, K (the model's dim) <= 1024. Measured (probe, NOTES session 12):
-// GeGLU K = 768 102.1 -> 95.5 us, K = 200 17.5 -> 10.9; SwiGLU K = 4096 704 -> 766.
-inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 1024; }
+// the main loop's work, K (the model's dim) <= 768. Measured in the probe (NOTES, session
+// 12; wide -> narrow, in place, us): K = 200 17.6 -> 10.8, K = 768 (GeGLU d768) 101-102 ->
+// 95-98; slower at K = 1024 (135.7 -> 140.8), 2048 (304.7 -> 328.2) and 4096 (704-722 -> 766-781).
+inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 768; }
 
 template <Epi E, int BN>
 __host__ __device__ constexpr int epilogue_threads() {
