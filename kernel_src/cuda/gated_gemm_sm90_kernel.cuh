@@ -25,6 +25,9 @@
 // dh GEMM with the activation's derivative (gated and plain; its epilogue also reads the
 // saved pre-activations, several times the forward's bytes, so warps 1-3 of WG0 join it: 224
 // epilogue threads, see epilogue_threads), and the plain MLP's first GEMM + bias + activation.
+// The gated dh kind also has a narrow form for small K (BN = 64, a 128 x 128 tile): there one
+// thread of WG0 TMA-loads the saved g | u into shared memory buffers ahead of the epilogue,
+// instead of the epilogue threads loading them into registers (gu_tma below).
 // g and u are rounded to the input dtype before the activation, as eager PyTorch,
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
 //

@@ -13,7 +13,9 @@ Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). trit
 calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
 `usable`, `linear_usable` or `dact_usable` says yes; FUSED_MLP_SM90=0 turns them off (and
 FUSED_MLP_FAST_TANH=0, for the activations they compute through tanh.approx;
-FUSED_MLP_SM90_CACHE_HINTS=0 drops the L2 hints gate_up uses in training at small sizes). They take
+FUSED_MLP_SM90_CACHE_HINTS=0 drops the L2 hints gate_up uses in training at small sizes;
+FUSED_MLP_SM90_NARROW_DH=0 keeps dact's gated kind on its wide tiles where K <= 768 would take
+the narrow ones, whose epilogue gets g | u by TMA). They take
 bf16 / fp16 tensors with unit column stride, 16-byte aligned rows and N a multiple of 8;
 everything else (fp32, odd strides or offsets, other GPUs, builds without them) stays on
 the Triton kernels (or cuBLASLt's epilogue).
