@@ -350,6 +350,24 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, %" IA ", %" IB \
   ", p, 1, 1, 0, " TB ";\n}\n"
 
+// One wgmma m64nNk16 of the type (bf16 or f16) and B layout (K- or N-major) mma() is
+// instantiated for: REGS / ACC are the N / 2 accumulator operands, IA IB IP the operand
+// numbers after them.
+#define FUSED_MLP_WGMMA_TYPED(N, REGS, ACC, IA, IB, IP)                                        \
+  if constexpr (BNMajor && kBf16) {                                                          \
+    asm volatile(FUSED_MLP_WGMMA_ASM(N, "bf16", REGS, IA, IB, IP, "1")                       \
+                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+  } else if constexpr (BNMajor) {                                                            \
+    asm volatile(FUSED_MLP_WGMMA_ASM(N, "f16", REGS, IA, IB, IP, "1")                        \
+                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+  } else if constexpr (kBf16) {                                                              \
+    asm volatile(FUSED_MLP_WGMMA_ASM(N, "bf16", REGS, IA, IB, IP, "0")                       \
+                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+  } else {                                                                                   \
+    asm volatile(FUSED_MLP_WGMMA_ASM(N, "f16", REGS, IA, IB, IP, "0")                        \
+                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+  }
+
 // wgmma m64nBNk16, fp32 accumulators, A K-major and B K-major (or N-major: BNMajor) in
 // shared memory.
 template <typename T, int BN, bool BNMajor>
@@ -358,37 +376,11 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db
   static_assert(BN == 128 || BN == 112 || BN == 64, "tile widths: 128, 112 or 64");
   static_assert(BN != 112 || !BNMajor, "N-major B: 64- or 128-column tiles only");
   if constexpr (BN == 64) {
-    if constexpr (BNMajor && kBf16) {
-      asm volatile(FUSED_MLP_WGMMA_ASM(64, "bf16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "1")
-                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
-    } else if constexpr (BNMajor) {
-      asm volatile(FUSED_MLP_WGMMA_ASM(64, "f16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "1")
-                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
-    } else if constexpr (kBf16) {
-      asm volatile(FUSED_MLP_WGMMA_ASM(64, "bf16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "0")
-                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
-    } else {
-      asm volatile(FUSED_MLP_WGMMA_ASM(64, "f16", FUSED_MLP_WGMMA_R32, "32", "33", "34", "0")
-                   : FUSED_MLP_WGMMA_ACC32(d) : "l"(da), "l"(db), "r"(accumulate));
-    }
-  } else if constexpr (BNMajor && kBf16) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "1")
-                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
-  } else if constexpr (BNMajor) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(128, "f16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "1")
-                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
-  } else if constexpr (BN == 128 && kBf16) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(128, "bf16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "0")
-                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
+    FUSED_MLP_WGMMA_TYPED(64, FUSED_MLP_WGMMA_R32, FUSED_MLP_WGMMA_ACC32, "32", "33", "34")
   } else if constexpr (BN == 128) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(128, "f16", FUSED_MLP_WGMMA_R64, "64", "65", "66", "0")
-                 : FUSED_MLP_WGMMA_ACC64(d) : "l"(da), "l"(db), "r"(accumulate));
-  } else if constexpr (kBf16) {
-    asm volatile(FUSED_MLP_WGMMA_ASM(112, "bf16", FUSED_MLP_WGMMA_R56, "56", "57", "58", "0")
-                 : FUSED_MLP_WGMMA_ACC56(d) : "l"(da), "l"(db), "r"(accumulate));
+    FUSED_MLP_WGMMA_TYPED(128, FUSED_MLP_WGMMA_R64, FUSED_MLP_WGMMA_ACC64, "64", "65", "66")
   } else {
-    asm volatile(FUSED_MLP_WGMMA_ASM(112, "f16", FUSED_MLP_WGMMA_R56, "56", "57", "58", "0")
-                 : FUSED_MLP_WGMMA_ACC56(d) : "l"(da), "l"(db), "r"(accumulate));
+    FUSED_MLP_WGMMA_TYPED(112, FUSED_MLP_WGMMA_R56, FUSED_MLP_WGMMA_ACC56, "56", "57", "58")
   }
 }
 
