@@ -12,8 +12,13 @@
 // and without pre; then the plain forward kind (act(x W1^T + b1), and x W1^T + b1 into pre
 // for training) at d768.
 //
+// -DPROBE_DH_BN=64 times the narrow gated dh kind (128 x 128 tiles, g | u TMA-loaded; session
+// 12) instead of the wide one. PROBE_MORE_K=1 (environment) adds two dh shapes with K = 1024
+// and 2048, where the host's choice between the two kinds was measured.
+//
 // For each shape (GeGLU d768: M 8192, K 768, N 3072, gelu_tanh; SwiGLU d4096: M 4096,
-// K 4096, N 14336, silu) it checks 512 sampled outputs against a float64 host computation
+// K 4096, N 14336, silu; M 777, K 200, N 1000 with partial tiles everywhere) it checks 512
+// sampled outputs against a float64 host computation
 // (skipped for the probe variants that do not compute the result), then times 40 runs of
 // [256 MiB memset to flush L2; event; kernel; event] and prints the median and minimum.
 #include "gated_gemm_sm90_kernel.cuh"

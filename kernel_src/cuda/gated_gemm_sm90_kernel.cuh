@@ -120,7 +120,8 @@ struct Params {
 //   kHintStream     the gated forward epilogue's 16-byte global stores are evict-first (.cs)
 //   kHintEvictLast  the main loop's TMA loads carry an L2 evict-last policy
 // (the wide epilogue, of the plain forward and dh kinds, stores without hints: no gain end to
-// end for the one, none in the probe for the other, and the branch cost dh registers).
+// end for the one, none in the probe for the other, and the branch cost dh registers; the
+// narrow dh kind measured none either: 94.5-96.3 us with any of them, session 12).
 constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u;
 
 // The hints the gated forward kind gets. Measured end to end (benchmarks/micro/
@@ -212,12 +213,14 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 // -D; the ops are built with the defaults):
 //   FUSED_MLP_SM90_DH_DEPTH     load buffers per epilogue thread (rows of its batches whose
 //                               loads are in flight while one is computed: DEPTH - 1)
-//   FUSED_MLP_SM90_PROBE        0: as shipped; 1: no loads of g | u (the staged dh stands in);
+//   FUSED_MLP_SM90_PROBE        0: as shipped; 1: no loads of g | u (the staged dh stands in;
+//                               the narrow dh kind: as 3);
 //                               2: no stores (kept only behind a test the data never passes);
 //                               3: the epilogue groups only wait and release the staging tile;
 //                               5: no arithmetic in the dh epilogue (dg | du = g | u ^ dh)
 //   FUSED_MLP_SM90_PROBE_NOMAIN 1: no main loop (no TMA loads, no MMAs; zeros are staged)
-//   FUSED_MLP_SM90_STAGES       ring stages of the main loop (3; 2 would leave room for TMA
+//   FUSED_MLP_SM90_STAGES       ring stages of the main loop (3; the narrow dh kind has its own,
+//                               FUSED_MLP_SM90_NARROW_STAGES; 2 would leave room for TMA
 //                               loads of g | u: NOTES, plan of session 10)
 #ifndef FUSED_MLP_SM90_PROBE
 #define FUSED_MLP_SM90_PROBE 0
@@ -664,8 +667,6 @@ __device__ __forceinline__ void gu_loader(const CUtensorMap* map, const Params& 
   return;
 #endif
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-  uint64_t policy = 0;
-  if (p.flags & kHintStream) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   uint32_t c = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     int m0, n0;
@@ -675,8 +676,8 @@ __device__ __forceinline__ void gu_loader(const CUtensorMap* map, const Params& 
       bar_wait(&gu_empty[b], ((c / GuBufs) & 1) ^ 1);
       bar_expect_tx(&gu_full[b], kBufBytes);
       uint8_t* dst = gu + b * kBufBytes;
-      tma_load(dst, map, &gu_full[b], n0, m0 + j * kGuRows, policy);
-      tma_load(dst + kBufBytes / 2, map, &gu_full[b], p.N + n0, m0 + j * kGuRows, policy);
+      tma_load(dst, map, &gu_full[b], n0, m0 + j * kGuRows, 0);
+      tma_load(dst + kBufBytes / 2, map, &gu_full[b], p.N + n0, m0 + j * kGuRows, 0);
     }
   }
 }
@@ -693,7 +694,6 @@ __device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, c
   constexpr int kCols = 2 * BN, kChunks = kCols / 8, kHalfChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
   constexpr int kItems = kGuRows * kChunks, kBufBytes = Layout<BN>::kGuBufBytes;
   T* out = static_cast<T*>(p.out);
-  const bool cs = (p.flags & kHintStream) != 0;
   uint32_t it = 0, c = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
     int m0, n0;
@@ -723,8 +723,8 @@ __device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, c
         if (dg.x != 0x7fc17fc1u || du.x != 0x7fc17fc1u) continue;
 #endif
         T* orow = out + int64_t(m) * p.ldo + col;
-        st16(orow, dg, cs);
-        st16(orow + p.N, du, cs);
+        *reinterpret_cast<uint4*>(orow) = dg;
+        *reinterpret_cast<uint4*>(orow + p.N) = du;
       }
       bar_arrive(&gu_empty[b]);
     }
