@@ -125,6 +125,25 @@ static std::pair<double, double> time_us(Launch launch) {
   return {ms[ms.size() / 2] * 1e3, ms[0] * 1e3};
 }
 
+// Under -DFUSED_MLP_SM90_PROBE_CLOCKS=1: the mean over CTAs of each ClockSlot of the kernel
+// header (cycles waited per role and barrier, and each role's whole time), from the last timed
+// launch, in us at the GPU's maximum SM clock.
+static void print_clocks(const char* label, const char* shape, const unsigned long long* d_clk, int grid) {
+  std::vector<unsigned long long> clk(size_t(grid) * s::kClockSlots);
+  CK(cudaMemcpy(clk.data(), d_clk, clk.size() * 8, cudaMemcpyDeviceToHost));
+  int khz = 0;
+  CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const char* names[s::kClockSlots] = {"producer<-empty", "mma<-full", "mma<-freed", "mma total",
+                                       "epi<-staged",     "epi<-gu",   "loader<-empty", "epi total"};
+  std::printf("[clocks] %-22s %-14s", label, shape);
+  for (int slot = 0; slot < s::kClockSlots; ++slot) {
+    double sum = 0.0;
+    for (int b = 0; b < grid; ++b) sum += double(clk[size_t(b) * s::kClockSlots + slot]);
+    std::printf("  %s %.1f", names[slot], sum / grid / (khz * 1e-3));
+  }
+  std::printf(" (us)\n");
+}
+
 // BN: 128 (the wide dh kind) or 64 (the narrow one, 128 x 128 tiles: PROBE_DH_BN=64 at build).
 #ifndef PROBE_DH_BN
 #define PROBE_DH_BN 128
@@ -167,6 +186,12 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   constexpr int kSmem = s::KindLayout<s::Epi::kGatedDh, BN>::kSmemBytes;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  unsigned long long* d_clk;
+  CK(cudaMalloc(&d_clk, size_t(grid) * s::kClockSlots * 8));
+  CK(cudaMemset(d_clk, 0, size_t(grid) * s::kClockSlots * 8));
+  p.clocks = d_clk;
+#endif
 
   if (!inplace) CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
   kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mp, p);
@@ -197,6 +222,10 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
               label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
               FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  print_clocks(label, shape, d_clk, grid);
+  cudaFree(d_clk);
+#endif
   cudaFree(d_dy);
   cudaFree(d_w);
   cudaFree(d_pre);

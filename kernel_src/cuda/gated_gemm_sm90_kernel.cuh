@@ -101,6 +101,24 @@ struct Layout {
 // and the two accumulators two halves of the output tile.
 enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3 };
 
+// FUSED_MLP_SM90_PROBE_CLOCKS=1 (an experiment switch; the probe only): one thread of each role
+// adds up the SM clock cycles it spends waiting on each barrier and writes the sums, and its
+// whole time in the kernel, to Params::clocks[blockIdx.x * kClockSlots + slot].
+#ifndef FUSED_MLP_SM90_PROBE_CLOCKS
+#define FUSED_MLP_SM90_PROBE_CLOCKS 0
+#endif
+enum ClockSlot : int {
+  kClkProducerEmpty = 0,  // the producer waiting for the MMA groups to free a ring stage
+  kClkMmaFull,            // MMA group 1 waiting for a stage's operands
+  kClkMmaFreed,           // MMA group 1 waiting for the epilogue to free the staging tile
+  kClkMmaTotal,           // MMA group 1's whole time
+  kClkEpiStaged,          // epilogue thread 0 waiting for a staged tile
+  kClkEpiGu,              // epilogue thread 0 waiting for a g | u buffer (narrow dh kind)
+  kClkLoaderEmpty,        // the g | u loader waiting for a free buffer (narrow dh kind)
+  kClkEpiTotal,           // epilogue thread 0's whole time
+  kClockSlots
+};
+
 struct Params {
   void* out;
   void* pre;            // forward: nullptr, or [M, 2N] receiving g | u; dh: the saved pre-activations
@@ -111,6 +129,9 @@ struct Params {
   int M, N, K;
   int tiles_m, tiles_n;
   uint32_t flags = 0;  // kHint* below
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  unsigned long long* clocks = nullptr;  // [gridDim.x * kClockSlots]
+#endif
 };
 
 // Params::flags: cache hints, set by the host where they measured faster end to end
@@ -265,6 +286,34 @@ __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+
+// bar_wait, adding the cycles it waited to acc under FUSED_MLP_SM90_PROBE_CLOCKS (else a
+// plain bar_wait; acc is then never read and compiles away).
+__device__ __forceinline__ void bar_wait_timed(uint64_t* bar, uint32_t parity, long long& acc) {
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  const long long t0 = clock64();
+  bar_wait(bar, parity);
+  acc += clock64() - t0;
+#else
+  bar_wait(bar, parity);
+#endif
+}
+
+__device__ __forceinline__ long long clock_now() {
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  return clock64();
+#else
+  return 0;
+#endif
+}
+
+// Under FUSED_MLP_SM90_PROBE_CLOCKS: this CTA's value of a ClockSlot, written by the thread
+// for which `mine` holds.
+__device__ __forceinline__ void clock_store(const Params& p, int slot, long long v, bool mine) {
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  if (mine && p.clocks != nullptr) p.clocks[blockIdx.x * kClockSlots + slot] = static_cast<unsigned long long>(v);
+#endif
 }
 
 // policy: 0, or an L2 cache policy (createpolicy) the load carries.
@@ -568,6 +617,8 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   const int chunk = tid % kChunks, row0 = tid / kChunks;
   const int64_t step_p = int64_t(kRowStep) * p.ldp, step_o = int64_t(kRowStep) * p.ldo;
   uint32_t it = 0;
+  const long long start = clock_now();
+  long long wait_staged = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
     int m0, n0;
     tile_coords<2 * BN>(t, p, m0, n0);
@@ -577,7 +628,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
     const T* src = pre + int64_t(m0 + row0) * p.ldp + col;
     T* dst = out + int64_t(m0 + row0) * p.ldo + col;
     uint4 gv[kDepth][2], uv[kDepth][2];  // [buffer][half]
-    bar_wait(staged, it & 1);
+    bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
     bar_arrive(freed);
     continue;
@@ -651,6 +702,8 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
     }
     bar_arrive(freed);
   }
+  clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
+  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
 }
 
 // The narrow gated dh kind (BN = 64, gu_tma): the thread that loads g | u for the epilogue.
@@ -668,18 +721,20 @@ __device__ __forceinline__ void gu_loader(const CUtensorMap* map, const Params& 
 #endif
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
   uint32_t c = 0;
+  long long waited = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     int m0, n0;
     tile_coords<2 * BN>(t, p, m0, n0);
     for (int j = 0; j < kBM / kGuRows; ++j, ++c) {
       const int b = c % GuBufs;
-      bar_wait(&gu_empty[b], ((c / GuBufs) & 1) ^ 1);
+      bar_wait_timed(&gu_empty[b], ((c / GuBufs) & 1) ^ 1, waited);
       bar_expect_tx(&gu_full[b], kBufBytes);
       uint8_t* dst = gu + b * kBufBytes;
       tma_load(dst, map, &gu_full[b], n0, m0 + j * kGuRows, 0);
       tma_load(dst + kBufBytes / 2, map, &gu_full[b], p.N + n0, m0 + j * kGuRows, 0);
     }
   }
+  clock_store(p, kClkLoaderEmpty, waited, true);
 }
 
 // The narrow gated dh kind's epilogue threads (kEpiThreads, tid 0 .. kEpiThreads - 1): for each
@@ -695,17 +750,19 @@ __device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, c
   constexpr int kItems = kGuRows * kChunks, kBufBytes = Layout<BN>::kGuBufBytes;
   T* out = static_cast<T*>(p.out);
   uint32_t it = 0, c = 0;
+  const long long start = clock_now();
+  long long wait_staged = 0, wait_gu = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
     int m0, n0;
     tile_coords<kCols>(t, p, m0, n0);
-    bar_wait(staged, it & 1);
+    bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3 || FUSED_MLP_SM90_PROBE == 1
     bar_arrive(freed);
     continue;
 #endif
     for (int j = 0; j < kBM / kGuRows; ++j, ++c) {
       const int b = c % GuBufs;
-      bar_wait(&gu_full[b], (c / GuBufs) & 1);
+      bar_wait_timed(&gu_full[b], (c / GuBufs) & 1, wait_gu);
       const T* gbuf = reinterpret_cast<const T*>(gu + b * kBufBytes);
       const T* ubuf = gbuf + kGuRows * kCols;
 #pragma unroll
@@ -730,6 +787,9 @@ __device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, c
     }
     bar_arrive(freed);
   }
+  clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
+  clock_store(p, kClkEpiGu, wait_gu, tid == 0);
+  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
 }
 
 // The epilogue threads of the gated forward kind (kEpiThreads of them, tid 0 .. kEpiThreads - 1).
@@ -856,12 +916,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint64_t policy = 0;
       if (p.flags & kHintEvictLast) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
       uint32_t c = 0;
+      long long waited = 0;
       for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN>(t, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kSt;
-          bar_wait(&empty[s], ((c / kSt) & 1) ^ 1);
+          bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
           bar_expect_tx(&full[s], kStageBytes);
           uint8_t* st = smem + s * kStageBytes;
           tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
@@ -876,6 +937,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      clock_store(p, kClkProducerEmpty, waited, true);
     }
   } else if (wg <= 2) {
     if constexpr (kHelpers) asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_MMA) ";\n");
@@ -886,6 +948,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* bg = static_cast<const T*>(p.bg);
     const T* bu = static_cast<const T*>(p.bu);
     uint32_t c = 0, it = 0;
+    const long long start = clock_now();
+    long long wait_full = 0, wait_freed = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
       // The biases of the tile's columns, loaded now so the loads' latency hides behind the
       // K loop, and added to the fp32 accumulators before g and u are rounded once, as
@@ -912,7 +976,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kb = 0; kb < ksteps; ++kb, ++c) {
 #endif
         const int s = c % kSt;
-        bar_wait(&full[s], (c / kSt) & 1);
+        bar_wait_timed(&full[s], (c / kSt) & 1, wait_full);
         const uint8_t* st = smem + s * kStageBytes;
         const uint64_t da = smem_desc(st + half * (kTileBytesX / 2));
         const uint8_t* wt = st + kTileBytesX;
@@ -942,7 +1006,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) bar_arrive(&empty[(c - 1) % kSt]);
 
       // Hand g and u to the epilogue group through the staging tile.
-      bar_wait(freed, (it & 1) ^ 1);
+      bar_wait_timed(freed, (it & 1) ^ 1, wait_freed);
       const int q = lane / 8;
       const int row = half * 64 + warp * 16 + (q & 1) * 8 + lane % 8;
 #pragma unroll
@@ -965,6 +1029,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       bar_arrive(staged);
     }
+    clock_store(p, kClkMmaFull, wait_full, wg == 1 && tid == 0);
+    clock_store(p, kClkMmaFreed, wait_freed, wg == 1 && tid == 0);
+    clock_store(p, kClkMmaTotal, clock_now() - start, wg == 1 && tid == 0);
   } else {
     if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
