@@ -1202,6 +1202,37 @@ def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_sm90_dact_narrow_is_dispatched(fused_mlp, monkeypatch):
+    """The gated dh op launches its narrow kind (template argument BN = 64) for K <= 768, and
+    the wide one (BN = 128) above that or under FUSED_MLP_SM90_NARROW_DH=0: the kernel names
+    torch.profiler records (their results are bit-identical, so only the names tell)."""
+    need_sm90(fused_mlp)
+    from torch.profiler import ProfilerActivity, profile
+
+    op = fused_mlp.ops.dact_gemm_sm90
+    aid = fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"]
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+
+    def launched_bn(k, switch):
+        if switch is None:
+            monkeypatch.delenv("FUSED_MLP_SM90_NARROW_DH", raising=False)
+        else:
+            monkeypatch.setenv("FUSED_MLP_SM90_NARROW_DH", switch)
+        dy, w, pre = torch.randn(256, k, **bf), torch.randn(k, 136, **bf), torch.randn(256, 272, **bf)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            op(torch.empty_like(pre), dy, w, pre, aid, True, True)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if "gated_gemm_kernel<" in e.name]
+        assert len(names) == 1, names
+        # gated_gemm_kernel<T, Activation, BN, Epi, BNMajor>
+        return int(names[0].split("gated_gemm_kernel<", 1)[1].split(", ")[2])
+
+    assert launched_bn(768, None) == 64
+    assert launched_bn(768, "0") == 128
+    assert launched_bn(776, None) == 128
+
+
+@pytest.mark.gpu
 def test_gpu_sm90_dact_rejects_bad_input(fused_mlp):
     need_sm90(fused_mlp)
     op = fused_mlp.ops.dact_gemm_sm90

@@ -33,7 +33,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 // A row-major 2-D tensor as boxes of box_rows x box_cols elements with the 128-byte
-// swizzle: the K-major operands as box_rows x 64 (one 128-byte row of K per box row), the
+// swizzle (swizzle false: none, for the narrow dh kind's g | u buffers, read row by row):
+// the K-major operands as box_rows x 64 (one 128-byte row of K per box row), the
 // dh kinds' [K, N] weight as 64 x 64 N-major boxes.
 CUtensorMap tensor_map(const at::Tensor& t, int box_cols, int box_rows, const char* name, bool swizzle = true) {
   CUtensorMap map;
@@ -81,11 +82,16 @@ int sm_count(int device) {
   return n;
 }
 
-// gated_forward_hints (kernel header), unless FUSED_MLP_SM90_CACHE_HINTS=0 (read at every
-// call, like the package's other switches).
+// An on / off switch in the environment set to 0 (read at every call, like the package's
+// other switches).
+bool switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '0';
+}
+
+// gated_forward_hints (kernel header), unless FUSED_MLP_SM90_CACHE_HINTS=0.
 uint32_t gated_forward_flags(bool training, int64_t operand_bytes) {
-  const char* v = std::getenv("FUSED_MLP_SM90_CACHE_HINTS");
-  return (v != nullptr && v[0] == '0') ? 0u : gated_forward_hints(training, operand_bytes);
+  return switched_off("FUSED_MLP_SM90_CACHE_HINTS") ? 0u : gated_forward_hints(training, operand_bytes);
 }
 
 // Tile width: 112 columns where that needs fewer rounds of the persistent loop for the
@@ -237,8 +243,7 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   // The narrow gated kind (128 x 128 tiles, g | u loaded by TMA: narrow_gated_dh in the
   // header); FUSED_MLP_SM90_NARROW_DH=0 keeps the wide one. Its third map is pre, unswizzled
   // boxes of kGuRows rows x 128 columns.
-  const char* nv = std::getenv("FUSED_MLP_SM90_NARROW_DH");
-  const bool narrow = gated && narrow_gated_dh(K) && !(nv != nullptr && nv[0] == '0');
+  const bool narrow = gated && narrow_gated_dh(K) && !switched_off("FUSED_MLP_SM90_NARROW_DH");
   const CUtensorMap mp = narrow ? tensor_map(pre, 128, kGuRows, "pre", false) : mw;
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (dy.scalar_type() == at::kBFloat16) {
