@@ -157,16 +157,20 @@ def train_step(fwd, dy, retain=False):
     return step
 
 
-def graphed_step(step, ps):
-    """A CUDA graph of one training step (_common.graphed), the gradients set to None
-    before each warm-up step and inside the capture, so the captured backward allocates
-    them in the graph's memory; returns its replay."""
+def fresh_step(step, ps):
+    """The step with the gradients set to None first (each step allocates its own)."""
     def fresh():
         for p in ps:
             p.grad = None
         step()
+    return fresh
 
-    return graphed(fresh)
+
+def graphed_step(step, ps):
+    """A CUDA graph of one training step (_common.graphed), the gradients set to None
+    before each warm-up step and inside the capture, so the captured backward allocates
+    them in the graph's memory; returns its replay."""
+    return graphed(fresh_step(step, ps))
 
 
 def reference_grads(c: Case, t: dict) -> list:
@@ -377,16 +381,13 @@ def profile_steps(case: str, steps: dict, ps: list, n: int = 5) -> dict:
     for name, step in steps.items():
         if step is None:
             continue
+        fresh = fresh_step(step, ps)
         for _ in range(3):
-            for p in ps:
-                p.grad = None
-            step()
+            fresh()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
-                for p in ps:
-                    p.grad = None
-                step()
+                fresh()
             torch.cuda.synchronize()
         rows = kernel_table(prof, n)
         total = sum(r[2] for r in rows)

@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
-  "shipped"
+  "shipped"   # the wide dh kind (128 x 256 tiles): what the op runs for K > 768
+  "narrow   -DPROBE_DH_BN=64"   # the narrow one (128 x 128, g | u by TMA): K <= 768
   "nohelp   -DFUSED_MLP_SM90_DH_HELPERS=0"
   "depth3   -DFUSED_MLP_SM90_DH_DEPTH=3"
   "epionly  -DFUSED_MLP_SM90_PROBE_NOMAIN=1"

@@ -32,7 +32,7 @@
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
 //
 // Synchronization is by mbarriers: full/empty per ring stage (TMA transaction counts),
-// staged/free for the staging tile. Registers move between the groups with setmaxnreg
+// staged/free for the staging tile, and in the narrow dh kind gu_full/gu_empty per g | u buffer. Registers move between the groups with setmaxnreg
 // (producer 40, epilogue 88, MMA 192 per thread; dh kinds: WG0 and WG3 96, MMA 160).
 //
 // Requirements (checked on the host, anything else takes the Triton path): sm_90,
@@ -196,9 +196,13 @@ template <Epi E, int BN>
 __host__ __device__ constexpr int ring_stages() {
   return gu_tma<E, BN>() ? FUSED_MLP_SM90_NARROW_STAGES : kStages;
 }
+template <Epi E, int BN>
+__host__ __device__ constexpr int gu_bufs() {
+  return gu_tma<E, BN>() ? FUSED_MLP_SM90_GU_BUFS : 0;
+}
 // The shared memory of a kind (the host's launch and the kernel both use it).
 template <Epi E, int BN>
-using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_tma<E, BN>() ? FUSED_MLP_SM90_GU_BUFS : 0>;
+using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>()>;
 
 // Which gated dh kind the host launches: the narrow one where the epilogue's bytes outweigh
 // the main loop's work, K (the model's dim) <= 768. Measured in the probe (NOTES, session
@@ -853,7 +857,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = KindLayout<E, BN>;
   constexpr int kSt = ring_stages<E, BN>();
   constexpr bool kGu = gu_tma<E, BN>();
-  constexpr int kGuBufs = kGu ? FUSED_MLP_SM90_GU_BUFS : 1;
+  constexpr int kGuBufs = gu_bufs<E, BN>();
   constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
   constexpr bool kFwd = E == Epi::kGatedFwd;
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;

@@ -120,7 +120,8 @@ def dact_usable(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor
     [out, hidden]) or [N, K] (Conv1D's [hidden, out]; the plain MLP only), each read as it
     is, rows aligned, and at least one 128 x 256 tile per SM: with fewer (SwiGLU's
     M = 128: 56 tiles) the Triton kernel's smaller tiles are faster (47.9 against 67.8 us,
-    NOTES, session 9)."""
+    NOTES, session 9). That was measured with the wide kind; the narrow gated kind the op
+    takes for K <= 768 (128 x 128 tiles) has not been compared with Triton at few tiles."""
     if not _wanted(dy, activation_id) or (gated and not w_kn):
         return False
     n = pre.shape[1] // 2 if gated else pre.shape[1]
