@@ -286,6 +286,12 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   constexpr int kSmem = s::KindLayout<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>::kSmemBytes;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  unsigned long long* d_clk;
+  CK(cudaMalloc(&d_clk, size_t(grid) * s::kClockSlots * 8));
+  CK(cudaMemset(d_clk, 0, size_t(grid) * s::kClockSlots * 8));
+  p.clocks = d_clk;
+#endif
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
   if (train) CK(cudaMemset(d_pre, 0xff, size_t(M) * pre_cols * 2));
   kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p);
@@ -322,6 +328,10 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)\n", label,
               shape, Plain ? (train ? "plain train" : "plain      ") : (train ? "fwd train  " : "fwd        "), bias ? " bias" : "     ", med, lo, flops / med * 1e-6,
               FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  print_clocks(label, shape, d_clk, grid);
+  cudaFree(d_clk);
+#endif
   cudaFree(d_x);
   cudaFree(d_wg);
   cudaFree(d_wu);

@@ -72,6 +72,13 @@ constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 #endif
 constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded buffer of the narrow dh kind (below)
 
+// FUSED_MLP_SM90_PROBE_NOSTAGE=1 (an experiment switch, with FUSED_MLP_SM90_PROBE=3 only): no
+// staging tile at all (the MMA groups skip the hand-off), so the main loop alone can be timed
+// with ring stages that leave no room for it (FUSED_MLP_SM90_STAGES=4).
+#ifndef FUSED_MLP_SM90_PROBE_NOSTAGE
+#define FUSED_MLP_SM90_PROBE_NOSTAGE 0
+#endif
+
 // Shared memory of a tile BN columns of h wide (BN = 128, or 112 where 128-column tiles
 // leave SMs idle: see pick_block_n; 64 for the narrow gated dh kind): Stages ring stages, the
 // staging tile, and GuBufs buffers of g | u (kGuRows rows of the tile's 2 BN columns each).
@@ -80,7 +87,7 @@ struct Layout {
   static constexpr int kTileBytesW = BN * kBK * 2;                  // Wg or Wu per stage
   static constexpr int kStageBytes = kTileBytesX + 2 * kTileBytesW;  // 48 KB / 44 KB / 32 KB
   static constexpr int kStgStride = BN + 8;   // staging row: 272 / 240 / 144 bytes, no bank conflicts
-  static constexpr int kStgBytes = kBM * kStgStride * 2;
+  static constexpr int kStgBytes = FUSED_MLP_SM90_PROBE_NOSTAGE ? 0 : kBM * kStgStride * 2;
   static constexpr int kGuOffset = Stages * kStageBytes + 2 * kStgBytes;
   static constexpr int kGuBufBytes = 2 * kGuRows * 2 * BN * 2;  // g rows, then u rows, unpadded
   static constexpr int kBarOffset = kGuOffset + GuBufs * kGuBufBytes;
@@ -806,10 +813,12 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
   const bool cs = (p.flags & kHintStream) != 0;
   uint32_t it = 0;
+  const long long start = clock_now();
+  long long wait_staged = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
     int m0, n0;
     tile_coords<BN>(t, p, m0, n0);
-    bar_wait(staged, it & 1);
+    bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
     bar_arrive(freed);
     continue;
@@ -844,6 +853,8 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
     }
     bar_arrive(freed);
   }
+  clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
+  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
 }
 
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
@@ -1014,7 +1025,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int q = lane / 8;
       const int row = half * 64 + warp * 16 + (q & 1) * 8 + lane % 8;
 #pragma unroll
-      for (int j = 0; j < BN / 16; ++j) {
+      for (int j = 0; j < (FUSED_MLP_SM90_PROBE_NOSTAGE ? 0 : BN / 16); ++j) {
         const int col = (2 * j + (q >> 1)) * 8;
         const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
         const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
