@@ -73,8 +73,9 @@ constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded buffer of the narrow dh kind (below)
 
 // FUSED_MLP_SM90_PROBE_NOSTAGE=1 (an experiment switch, with FUSED_MLP_SM90_PROBE=3 only): no
-// staging tile at all (the MMA groups skip the hand-off), so the main loop alone can be timed
-// with ring stages that leave no room for it (FUSED_MLP_SM90_STAGES=4).
+// staging tile at all (the MMA groups only add up their accumulators instead of the hand-off:
+// without any read of them ptxas drops the MMAs, and the main loop ran at 1143 TFLOP/s), so the
+// main loop alone can be timed with ring stages that leave no room for it (STAGES=4).
 #ifndef FUSED_MLP_SM90_PROBE_NOSTAGE
 #define FUSED_MLP_SM90_PROBE_NOSTAGE 0
 #endif
@@ -1020,6 +1021,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(acc_u);
       if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) bar_arrive(&empty[(c - 1) % kSt]);
 
+#if FUSED_MLP_SM90_PROBE_NOSTAGE
+      {  // keeps every accumulator live (ptxas drops MMAs whose results are never read)
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) sum += acc_g[i] + acc_u[i];
+        if (sum == 1.25e-30f) static_cast<float*>(p.out)[threadIdx.x] = sum;
+      }
+#endif
       // Hand g and u to the epilogue group through the staging tile.
       bar_wait_timed(freed, (it & 1) ^ 1, wait_freed);
       const int q = lane / 8;
