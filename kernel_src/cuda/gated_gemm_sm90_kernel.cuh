@@ -76,6 +76,11 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 // staging tile at all (the MMA groups only add up their accumulators instead of the hand-off:
 // without any read of them ptxas drops the MMAs, and the main loop ran at 1143 TFLOP/s), so the
 // main loop alone can be timed with ring stages that leave no room for it (STAGES=4).
+// FUSED_MLP_SM90_WIDE_MMA=1 (an experiment switch): the narrow dh kind issues one m64n128k16
+// wgmma per K step of 16 instead of two m64n64k16 (mma_both below).
+#ifndef FUSED_MLP_SM90_WIDE_MMA
+#define FUSED_MLP_SM90_WIDE_MMA 0
+#endif
 #ifndef FUSED_MLP_SM90_PROBE_NOSTAGE
 #define FUSED_MLP_SM90_PROBE_NOSTAGE 0
 #endif
@@ -414,22 +419,23 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" REGS "}, %" IA ", %" IB \
   ", p, 1, 1, 0, " TB ";\n}\n"
 
+#define FUSED_MLP_COMMA ,
 // One wgmma m64nNk16 of the type (bf16 or f16) and B layout (K- or N-major) mma() is
 // instantiated for: REGS / ACC are the N / 2 accumulator operands, IA IB IP the operand
 // numbers after them.
-#define FUSED_MLP_WGMMA_TYPED(N, REGS, ACC, IA, IB, IP)                                        \
+#define FUSED_MLP_WGMMA_TYPED(N, REGS, OPS, IA, IB, IP)                                        \
   if constexpr (BNMajor && kBf16) {                                                          \
     asm volatile(FUSED_MLP_WGMMA_ASM(N, "bf16", REGS, IA, IB, IP, "1")                       \
-                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+                 : OPS : "l"(da), "l"(db), "r"(accumulate));                                  \
   } else if constexpr (BNMajor) {                                                            \
     asm volatile(FUSED_MLP_WGMMA_ASM(N, "f16", REGS, IA, IB, IP, "1")                        \
-                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+                 : OPS : "l"(da), "l"(db), "r"(accumulate));                                  \
   } else if constexpr (kBf16) {                                                              \
     asm volatile(FUSED_MLP_WGMMA_ASM(N, "bf16", REGS, IA, IB, IP, "0")                       \
-                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+                 : OPS : "l"(da), "l"(db), "r"(accumulate));                                  \
   } else {                                                                                   \
     asm volatile(FUSED_MLP_WGMMA_ASM(N, "f16", REGS, IA, IB, IP, "0")                        \
-                 : ACC(d) : "l"(da), "l"(db), "r"(accumulate));                               \
+                 : OPS : "l"(da), "l"(db), "r"(accumulate));                                  \
   }
 
 // wgmma m64nBNk16, fp32 accumulators, A K-major and B K-major (or N-major: BNMajor) in
@@ -440,12 +446,26 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db
   static_assert(BN == 128 || BN == 112 || BN == 64, "tile widths: 128, 112 or 64");
   static_assert(BN != 112 || !BNMajor, "N-major B: 64- or 128-column tiles only");
   if constexpr (BN == 64) {
-    FUSED_MLP_WGMMA_TYPED(64, FUSED_MLP_WGMMA_R32, FUSED_MLP_WGMMA_ACC32, "32", "33", "34")
+    FUSED_MLP_WGMMA_TYPED(64, FUSED_MLP_WGMMA_R32, FUSED_MLP_WGMMA_ACC32(d), "32", "33", "34")
   } else if constexpr (BN == 128) {
-    FUSED_MLP_WGMMA_TYPED(128, FUSED_MLP_WGMMA_R64, FUSED_MLP_WGMMA_ACC64, "64", "65", "66")
+    FUSED_MLP_WGMMA_TYPED(128, FUSED_MLP_WGMMA_R64, FUSED_MLP_WGMMA_ACC64(d), "64", "65", "66")
   } else {
-    FUSED_MLP_WGMMA_TYPED(112, FUSED_MLP_WGMMA_R56, FUSED_MLP_WGMMA_ACC56, "56", "57", "58")
+    FUSED_MLP_WGMMA_TYPED(112, FUSED_MLP_WGMMA_R56, FUSED_MLP_WGMMA_ACC56(d), "56", "57", "58")
   }
+}
+
+// One wgmma m64n128k16 over both accumulators of a 64-column tile (the narrow dh kind): B is
+// the two 64-column halves of the stage, which lie back to back in shared memory, so one
+// descriptor spans them; the accumulator registers of columns 64 .. 127 are u's (the layout
+// repeats every 8 columns). Against two m64n64k16 it reads the A tile from shared memory once,
+// not twice. (The same for 128-column tiles, m64n256k16, does not compile in this kernel:
+// ptxas needs more than the 128 registers a thread that 512 threads launch with, C7602.)
+template <typename T, bool BNMajor>
+__device__ __forceinline__ void mma_both(float (&g)[32], float (&u)[32], uint64_t da, uint64_t db,
+                                         uint32_t accumulate) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  FUSED_MLP_WGMMA_TYPED(128, FUSED_MLP_WGMMA_R64, FUSED_MLP_WGMMA_ACC32(g) FUSED_MLP_COMMA FUSED_MLP_WGMMA_ACC32(u),
+                        "64", "65", "66")
 }
 
 template <typename T>
@@ -875,6 +895,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
+  constexpr bool kWideMma = FUSED_MLP_SM90_WIDE_MMA != 0 && BN == 64;  // mma_both
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kSt * kStageBytes);
   T* stg_u = stg_g + kBM * kStgStride;
@@ -1007,8 +1028,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
           const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
-          mma<T, BN, BNMajor>(acc_g, da + 2 * kk, dg + kStepB * kk, accumulate);
-          mma<T, BN, BNMajor>(acc_u, da + 2 * kk, du + kStepB * kk, accumulate);
+          if constexpr (kWideMma) {
+            mma_both<T, BNMajor>(acc_g, acc_u, da + 2 * kk, dg + kStepB * kk, accumulate);
+          } else {
+            mma<T, BN, BNMajor>(acc_g, da + 2 * kk, dg + kStepB * kk, accumulate);
+            mma<T, BN, BNMajor>(acc_u, da + 2 * kk, du + kStepB * kk, accumulate);
+          }
         }
         wgmma_commit();
         fence_regs(acc_g);
