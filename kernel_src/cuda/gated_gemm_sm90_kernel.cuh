@@ -76,10 +76,15 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 // staging tile at all (the MMA groups only add up their accumulators instead of the hand-off:
 // without any read of them ptxas drops the MMAs, and the main loop ran at 1143 TFLOP/s), so the
 // main loop alone can be timed with ring stages that leave no room for it (STAGES=4).
-// FUSED_MLP_SM90_WIDE_MMA=1 (an experiment switch): the narrow dh kind issues one m64n128k16
-// wgmma per K step of 16 instead of two m64n64k16 (mma_both below).
+// FUSED_MLP_SM90_TAIL_HELP (1; 0 is the form before session 13): the MMA groups join the
+// epilogue of the CTA's last tile (see gated_gemm_kernel).
+#ifndef FUSED_MLP_SM90_TAIL_HELP
+#define FUSED_MLP_SM90_TAIL_HELP 1
+#endif
+// FUSED_MLP_SM90_WIDE_MMA (1; 0 is the form before session 13): the narrow dh kind issues one
+// m64n128k16 wgmma per K step of 16 instead of two m64n64k16 (mma_both below).
 #ifndef FUSED_MLP_SM90_WIDE_MMA
-#define FUSED_MLP_SM90_WIDE_MMA 0
+#define FUSED_MLP_SM90_WIDE_MMA 1
 #endif
 #ifndef FUSED_MLP_SM90_PROBE_NOSTAGE
 #define FUSED_MLP_SM90_PROBE_NOSTAGE 0
@@ -635,9 +640,9 @@ __device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1
 // group, 4 items' loads issued together, no pipelining) took 89 us alone and the kernel
 // 113-117; this one on 224 threads 79 alone and 101-103 with the main loop (55 by itself).
 // More loads in flight (DEPTH 3, 4) did not help: the memory side stays at ~70 us.
-template <typename T, Activation A, int BN, Epi E, int kEpiThreads>
-__device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
-                                            uint64_t* staged, uint64_t* freed, int tid) {
+template <typename T, Activation A, int BN, Epi E, int kEpiThreads, int kArrivers>
+__device__ __forceinline__ void wide_epilogue(const Params& p, int t_first, int t_end, uint32_t it0, const T* stg_g,
+                                            const T* stg_u, uint64_t* staged, uint64_t* freed, int tid) {
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
   static_assert(kEpiThreads % kChunks == 0, "whole rows per step");
   constexpr int kRowStep = kEpiThreads / kChunks;          // rows between a thread's batches
@@ -648,10 +653,10 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
   T* out = static_cast<T*>(p.out);
   const int chunk = tid % kChunks, row0 = tid / kChunks;
   const int64_t step_p = int64_t(kRowStep) * p.ldp, step_o = int64_t(kRowStep) * p.ldo;
-  uint32_t it = 0;
+  uint32_t it = it0;
   const long long start = clock_now();
   long long wait_staged = 0;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+  for (int t = t_first; t < t_end; t += gridDim.x, ++it) {
     int m0, n0;
     tile_coords<2 * BN>(t, p, m0, n0);
     const int col = n0 + chunk * 8;
@@ -662,7 +667,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
     uint4 gv[kDepth][2], uv[kDepth][2];  // [buffer][half]
     bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
-    bar_arrive(freed);
+    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
     continue;
 #endif
     if constexpr (kLoads) {  // batches 0 .. kDepth - 2
@@ -732,7 +737,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int tiles, const 
         }
       }
     }
-    bar_arrive(freed);
+    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
   }
   clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
   clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
@@ -828,20 +833,21 @@ __device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, c
 // Item e = tid + kEpiThreads i covers columns [8 (e % C), + 8) of row e / C of the staged
 // tile (C = BN / 8 chunks per row): consecutive threads store consecutive 16 bytes of a row
 // of h (and of g | u into pre when training).
-template <typename T, Activation A, int BN, int kEpiThreads>
-__device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, const T* stg_g, const T* stg_u,
-                                                   uint64_t* staged, uint64_t* freed, int tid) {
+template <typename T, Activation A, int BN, int kEpiThreads, int kArrivers>
+__device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first, int t_end, uint32_t it0,
+                                                   const T* stg_g, const T* stg_u, uint64_t* staged, uint64_t* freed,
+                                                   int tid) {
   constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
   const bool cs = (p.flags & kHintStream) != 0;
-  uint32_t it = 0;
+  uint32_t it = it0;
   const long long start = clock_now();
   long long wait_staged = 0;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+  for (int t = t_first; t < t_end; t += gridDim.x, ++it) {
     int m0, n0;
     tile_coords<BN>(t, p, m0, n0);
     bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
-    bar_arrive(freed);
+    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
     continue;
 #endif
 #pragma unroll 2
@@ -872,10 +878,23 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int tiles, c
         st16(pre + p.N, uv, cs);
       }
     }
-    bar_arrive(freed);
+    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
   }
   clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
   clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
+}
+
+// The epilogue of the CTA's tiles t_first, t_first + gridDim.x, ... below t_end (it0: the
+// index of t_first among the CTA's tiles, for the barriers' phases) on kThreads threads
+// (tid 0 .. kThreads - 1), of which the first kArrivers release the staging tile: the
+// gated forward kind's or the wide one of the other kinds.
+template <typename T, Activation A, int BN, Epi E, int kThreads, int kArrivers>
+__device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int t_end, uint32_t it0, const T* stg_g,
+                                               const T* stg_u, uint64_t* staged, uint64_t* freed, int tid) {
+  if constexpr (E == Epi::kGatedFwd)
+    gated_fwd_epilogue<T, A, BN, kThreads, kArrivers>(p, t_first, t_end, it0, stg_g, stg_u, staged, freed, tid);
+  else
+    wide_epilogue<T, A, BN, E, kThreads, kArrivers>(p, t_first, t_end, it0, stg_g, stg_u, staged, freed, tid);
 }
 
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
@@ -929,6 +948,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tiles = p.tiles_m * p.tiles_n;
   const int ksteps = (p.K + kBK - 1) / kBK;
+  // The CTA's tiles are blockIdx.x + i gridDim.x, i < mine (the grid is at most the tile count).
+  const int mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  const int t_last = blockIdx.x + (mine - 1) * gridDim.x;
+  // FUSED_MLP_SM90_TAIL_HELP: the last tile's epilogue is the only one nothing overlaps, so the
+  // MMA groups, done by then, join it (kEpiThreads + 256 threads).
+  constexpr int kTailThreads = kEpiThreads + 256;
+  constexpr bool kTailHelp = FUSED_MLP_SM90_TAIL_HELP && !kGu && (kFwd || kTailThreads % (BN / 8) == 0);
+  // The epilogue's threads (tid 0 .. kEpiThreads - 1): every tile, or all but the last, which
+  // they then share with the MMA groups.
+  auto epilogue_role = [&](int tid) {
+    if constexpr (kTailHelp) {
+      epilogue_tiles<T, A, BN, E, kEpiThreads, kEpiThreads>(p, blockIdx.x, t_last, 0, stg_g, stg_u, staged, freed, tid);
+      epilogue_tiles<T, A, BN, E, kTailThreads, kEpiThreads>(p, t_last, t_last + 1, mine - 1, stg_g, stg_u, staged,
+                                                             freed, tid);
+    } else {
+      epilogue_tiles<T, A, BN, E, kEpiThreads, kEpiThreads>(p, blockIdx.x, tiles, 0, stg_g, stg_u, staged, freed, tid);
+    }
+  };
 
   constexpr bool kHelpers = kEpiThreads > 128;  // warps 1-3 of group 0 work in the epilogue
   if (wg == 0) {
@@ -942,8 +979,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         gu_loader<BN, kGuBufs>(&map_u, p, tiles, gu, gu_full, gu_empty);
     } else if constexpr (kHelpers) {
       if (tid >= 32) {
-        if constexpr (kFwd) gated_fwd_epilogue<T, A, BN, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
-        else wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, 128 + tid - 32);
+        epilogue_role(128 + tid - 32);
       }
     }
     if (tid == 0) {
@@ -1081,16 +1117,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     clock_store(p, kClkMmaFull, wait_full, wg == 1 && tid == 0);
     clock_store(p, kClkMmaFreed, wait_freed, wg == 1 && tid == 0);
     clock_store(p, kClkMmaTotal, clock_now() - start, wg == 1 && tid == 0);
+    if constexpr (kTailHelp)
+      epilogue_tiles<T, A, BN, E, kTailThreads, kEpiThreads>(p, t_last, t_last + 1, mine - 1, stg_g, stg_u, staged,
+                                                             freed, kEpiThreads + threadIdx.x - 128);
   } else {
     if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
     if constexpr (kGu) {
       narrow_dh_epilogue<T, A, BN, kEpiThreads, kGuBufs>(p, tiles, stg_g, stg_u, gu, staged, freed, gu_full, gu_empty,
                                                          tid);
-    } else if constexpr (kFwd) {
-      gated_fwd_epilogue<T, A, BN, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, tid);
     } else {
-      wide_epilogue<T, A, BN, E, kEpiThreads>(p, tiles, stg_g, stg_u, staged, freed, tid);
+      epilogue_role(tid);
     }
   }
 }
