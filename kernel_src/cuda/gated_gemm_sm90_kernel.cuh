@@ -76,8 +76,8 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 // staging tile at all (the MMA groups only add up their accumulators instead of the hand-off:
 // without any read of them ptxas drops the MMAs, and the main loop ran at 1143 TFLOP/s), so the
 // main loop alone can be timed with ring stages that leave no room for it (STAGES=4).
-// FUSED_MLP_SM90_TAIL_HELP (1; 0 is the form before session 13): the MMA groups join the
-// epilogue of the CTA's last tile (see gated_gemm_kernel).
+// FUSED_MLP_SM90_TAIL_HELP (1; 0 is the form before session 13): in the wide dh kinds the MMA
+// groups join the epilogue of the CTA's last tile (see gated_gemm_kernel).
 #ifndef FUSED_MLP_SM90_TAIL_HELP
 #define FUSED_MLP_SM90_TAIL_HELP 1
 #endif
@@ -952,9 +952,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const int t_last = blockIdx.x + (mine - 1) * gridDim.x;
   // FUSED_MLP_SM90_TAIL_HELP: the last tile's epilogue is the only one nothing overlaps, so the
-  // MMA groups, done by then, join it (kEpiThreads + 256 threads).
+  // MMA groups, done by then, join it (kEpiThreads + 256 threads). The wide dh kinds only: there
+  // it measured 101.7 -> 99.5 us at GeGLU d768 and faster at every shape; the forward kinds did
+  // not move beyond their spread (NOTES, session 13).
   constexpr int kTailThreads = kEpiThreads + 256;
-  constexpr bool kTailHelp = FUSED_MLP_SM90_TAIL_HELP && !kGu && (kFwd || kTailThreads % (BN / 8) == 0);
+  constexpr bool kTailHelp = FUSED_MLP_SM90_TAIL_HELP && kDh && !kGu && kTailThreads % (BN / 8) == 0;
   // The epilogue's threads (tid 0 .. kEpiThreads - 1): every tile, or all but the last, which
   // they then share with the MMA groups.
   auto epilogue_role = [&](int tid) {
