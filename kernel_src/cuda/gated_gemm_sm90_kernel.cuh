@@ -27,7 +27,9 @@
 // epilogue threads, see epilogue_threads), and the plain MLP's first GEMM + bias + activation.
 // The gated dh kind also has a narrow form for small K (BN = 64, a 128 x 128 tile): there one
 // thread of WG0 TMA-loads the saved g | u into shared memory buffers ahead of the epilogue,
-// instead of the epilogue threads loading them into registers (gu_tma below).
+// instead of the epilogue threads loading them into registers (gu_tma below), and one
+// m64n128k16 covers both 64-column halves (mma_both). In the wide dh kinds the MMA groups,
+// once past their last tile, help with its epilogue (TAIL_HELP).
 // g and u are rounded to the input dtype before the activation, as eager PyTorch,
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
 //
@@ -72,10 +74,6 @@ constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 #endif
 constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded buffer of the narrow dh kind (below)
 
-// FUSED_MLP_SM90_PROBE_NOSTAGE=1 (an experiment switch, with FUSED_MLP_SM90_PROBE=3 only): no
-// staging tile at all (the MMA groups only add up their accumulators instead of the hand-off:
-// without any read of them ptxas drops the MMAs, and the main loop ran at 1143 TFLOP/s), so the
-// main loop alone can be timed with ring stages that leave no room for it (STAGES=4).
 // FUSED_MLP_SM90_TAIL_HELP (1; 0 is the form before session 13): in the wide dh kinds the MMA
 // groups join the epilogue of the CTA's last tile (see gated_gemm_kernel).
 #ifndef FUSED_MLP_SM90_TAIL_HELP
@@ -86,6 +84,10 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 #ifndef FUSED_MLP_SM90_WIDE_MMA
 #define FUSED_MLP_SM90_WIDE_MMA 1
 #endif
+// FUSED_MLP_SM90_PROBE_NOSTAGE=1 (an experiment switch, with FUSED_MLP_SM90_PROBE=3 only): no
+// staging tile at all (the MMA groups only add up their accumulators instead of the hand-off:
+// without any read of them ptxas drops the MMAs, and the main loop ran at 1143 TFLOP/s), so the
+// main loop alone can be timed with ring stages that leave no room for it (STAGES=4).
 #ifndef FUSED_MLP_SM90_PROBE_NOSTAGE
 #define FUSED_MLP_SM90_PROBE_NOSTAGE 0
 #endif
