@@ -144,6 +144,17 @@ static void print_clocks(const char* label, const char* shape, const unsigned lo
   std::printf(" (us)\n");
 }
 
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+// A zeroed buffer of grid x kClockSlots counters for the kernel's per-role clocks, set in p.
+static unsigned long long* attach_clocks(s::Params& p, int grid) {
+  unsigned long long* d_clk;
+  CK(cudaMalloc(&d_clk, size_t(grid) * s::kClockSlots * 8));
+  CK(cudaMemset(d_clk, 0, size_t(grid) * s::kClockSlots * 8));
+  p.clocks = d_clk;
+  return d_clk;
+}
+#endif
+
 // BN: 128 (the wide dh kind) or 64 (the narrow one, 128 x 128 tiles: PROBE_DH_BN=64 at build).
 #ifndef PROBE_DH_BN
 #define PROBE_DH_BN 128
@@ -187,10 +198,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
-  unsigned long long* d_clk;
-  CK(cudaMalloc(&d_clk, size_t(grid) * s::kClockSlots * 8));
-  CK(cudaMemset(d_clk, 0, size_t(grid) * s::kClockSlots * 8));
-  p.clocks = d_clk;
+  unsigned long long* d_clk = attach_clocks(p, grid);
 #endif
 
   if (!inplace) CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
@@ -287,10 +295,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
-  unsigned long long* d_clk;
-  CK(cudaMalloc(&d_clk, size_t(grid) * s::kClockSlots * 8));
-  CK(cudaMemset(d_clk, 0, size_t(grid) * s::kClockSlots * 8));
-  p.clocks = d_clk;
+  unsigned long long* d_clk = attach_clocks(p, grid);
 #endif
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
   if (train) CK(cudaMemset(d_pre, 0xff, size_t(M) * pre_cols * 2));
