@@ -202,7 +202,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
 #endif
 
   if (!inplace) CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
-  kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mp, p);
+  kernel<<<grid, s::threads<s::Epi::kGatedDh, BN>(), kSmem>>>(md, mw, mp, p);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   int bad = 0;
@@ -225,7 +225,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
     }
   }
 
-  const auto [med, lo] = time_us([&] { kernel<<<grid, s::kThreads, kSmem>>>(md, mw, mp, p); });
+  const auto [med, lo] = time_us([&] { kernel<<<grid, s::threads<s::Epi::kGatedDh, BN>(), kSmem>>>(md, mw, mp, p); });
   const double flops = 2.0 * M * K * double(N), bytes = 2.0 * (2.0 * M * 2.0 * N + double(M) * K + double(K) * N);
   std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
               label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
@@ -292,6 +292,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto kernel = s::gated_gemm_kernel<bf16, A, BN, Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, false>;
   constexpr int kSmem = s::KindLayout<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>::kSmemBytes;
+  constexpr int kThreadsFwd = s::threads<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const int grid = std::min(p.tiles_m * p.tiles_n, sms);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
@@ -299,7 +300,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
 #endif
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
   if (train) CK(cudaMemset(d_pre, 0xff, size_t(M) * pre_cols * 2));
-  kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p);
+  kernel<<<grid, kThreadsFwd, kSmem>>>(mx, mg, mu, p);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   int bad = 0;
@@ -328,7 +329,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
       for (const auto& [got, want] : pairs) check_value(got, want, worst, bad);
     }
   }
-  const auto [med, lo] = time_us([&] { kernel<<<grid, s::kThreads, kSmem>>>(mx, mg, mu, p); });
+  const auto [med, lo] = time_us([&] { kernel<<<grid, kThreadsFwd, kSmem>>>(mx, mg, mu, p); });
   const double flops = (Plain ? 2.0 : 4.0) * M * K * double(N);
   std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)\n", label,
               shape, Plain ? (train ? "plain train" : "plain      ") : (train ? "fwd train  " : "fwd        "), bias ? " bias" : "     ", med, lo, flops / med * 1e-6,

@@ -118,7 +118,7 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb
   p.tiles_n = (p.N + kTileN - 1) / kTileN;
   const int tiles = p.tiles_m * p.tiles_n;
   const int grid = std::min(tiles, sm_count(device));
-  kernel<<<grid, kThreads, kSmem, stream>>>(ma, mb0, mb1, p);
+  kernel<<<grid, threads<E, BN>(), kSmem, stream>>>(ma, mb0, mb1, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -230,8 +230,25 @@ using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>()>;
 // 95-98; slower at K = 1024 (135.7 -> 140.8), 2048 (304.7 -> 328.2) and 4096 (704-722 -> 766-781).
 inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 768; }
 
+// FUSED_MLP_SM90_THREADS384=1 (an experiment switch; the gated forward kind only): three warp
+// groups, 384 threads, the epilogue on warps 1-3 of the producer's group (96 threads), so that
+// the MMA groups can hold more than the 128 registers a thread of 512 gets and issue one
+// m64n(2 BN)k16 over gate | up (mma_both). NOTES, plan written at the end of session 13, item 1.
+#ifndef FUSED_MLP_SM90_THREADS384
+#define FUSED_MLP_SM90_THREADS384 0
+#endif
+template <Epi E, int BN>
+__host__ __device__ constexpr bool three_groups() {
+  return FUSED_MLP_SM90_THREADS384 && E == Epi::kGatedFwd;
+}
+// Threads of a kind's CTA (the launch and __launch_bounds__).
+template <Epi E, int BN>
+__host__ __device__ constexpr int threads() {
+  return three_groups<E, BN>() ? 384 : 512;
+}
 template <Epi E, int BN>
 __host__ __device__ constexpr int epilogue_threads() {
+  if (three_groups<E, BN>()) return 96;
   if (gu_tma<E, BN>()) return 192;
   return ((FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ||
           (FUSED_MLP_SM90_FWD_HELPERS && E == Epi::kGatedFwd) ||
@@ -239,7 +256,6 @@ __host__ __device__ constexpr int epilogue_threads() {
              ? 224
              : 128;
 }
-constexpr int kThreads = 512;
 // The dh kinds' register split: MMA groups FUSED_MLP_SM90_DH_REGS_MMA, the two groups with
 // epilogue threads FUSED_MLP_SM90_DH_REGS_EPI (launched with 128 a thread, the CTA has no more
 // to hand out: a larger request would wait forever in setmaxnreg).
@@ -408,6 +424,8 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 #define FUSED_MLP_WGMMA_R56 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
 #define FUSED_MLP_WGMMA_R64 FUSED_MLP_WGMMA_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSED_MLP_WGMMA_R112 FUSED_MLP_WGMMA_R64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
+#define FUSED_MLP_WGMMA_R128 FUSED_MLP_WGMMA_R112 ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define FUSED_MLP_WGMMA_ACC56(d) \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -461,18 +479,28 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db
   }
 }
 
-// One wgmma m64n128k16 over both accumulators of a 64-column tile (the narrow dh kind): B is
-// the two 64-column halves of the stage, which lie back to back in shared memory, so one
-// descriptor spans them; the accumulator registers of columns 64 .. 127 are u's (the layout
-// repeats every 8 columns). Against two m64n64k16 it reads the A tile from shared memory once,
-// not twice. (The same for 128-column tiles, m64n256k16, does not compile in this kernel:
-// ptxas needs more than the 128 registers a thread that 512 threads launch with, C7602.)
-template <typename T, bool BNMajor>
-__device__ __forceinline__ void mma_both(float (&g)[32], float (&u)[32], uint64_t da, uint64_t db,
+// One wgmma m64n(2 BN)k16 over both accumulators: B is the two BN-row (K-major) or BN-column
+// (N-major) halves of the stage, which lie back to back in shared memory, so one descriptor
+// spans them; the accumulator registers of columns BN .. 2 BN - 1 are u's (the layout repeats
+// every 8 columns). Against two m64nBNk16 it reads the A tile from shared memory once, not
+// twice. The narrow dh kind (BN = 64) uses it; for BN = 112 and 128 ptxas needs more than the
+// 128 registers a thread of a 512-thread CTA has (C7602), so only the 384-thread experiment
+// (FUSED_MLP_SM90_THREADS384) issues those.
+template <typename T, int BN, bool BNMajor>
+__device__ __forceinline__ void mma_both(float (&g)[BN / 2], float (&u)[BN / 2], uint64_t da, uint64_t db,
                                          uint32_t accumulate) {
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  FUSED_MLP_WGMMA_TYPED(128, FUSED_MLP_WGMMA_R64, FUSED_MLP_WGMMA_ACC32(g) FUSED_MLP_COMMA FUSED_MLP_WGMMA_ACC32(u),
-                        "64", "65", "66")
+  static_assert(BN == 128 || BN == 112 || BN == 64, "tile widths: 128, 112 or 64");
+  if constexpr (BN == 64) {
+    FUSED_MLP_WGMMA_TYPED(128, FUSED_MLP_WGMMA_R64, FUSED_MLP_WGMMA_ACC32(g) FUSED_MLP_COMMA FUSED_MLP_WGMMA_ACC32(u),
+                          "64", "65", "66")
+  } else if constexpr (BN == 128) {
+    FUSED_MLP_WGMMA_TYPED(256, FUSED_MLP_WGMMA_R128, FUSED_MLP_WGMMA_ACC64(g) FUSED_MLP_COMMA FUSED_MLP_WGMMA_ACC64(u),
+                          "128", "129", "130")
+  } else {
+    FUSED_MLP_WGMMA_TYPED(224, FUSED_MLP_WGMMA_R112, FUSED_MLP_WGMMA_ACC56(g) FUSED_MLP_COMMA FUSED_MLP_WGMMA_ACC56(u),
+                          "112", "113", "114")
+  }
 }
 
 template <typename T>
@@ -903,7 +931,7 @@ __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
 // the narrow gated dh kind: there it describes pre for gu_loader).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(threads<E, BN>(), 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -916,7 +944,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
-  constexpr bool kWideMma = FUSED_MLP_SM90_WIDE_MMA != 0 && BN == 64;  // mma_both
+  constexpr bool k384 = three_groups<E, BN>();
+  constexpr bool kWideMma = (FUSED_MLP_SM90_WIDE_MMA != 0 && BN == 64) || k384;  // mma_both
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kSt * kStageBytes);
   T* stg_u = stg_g + kBM * kStgStride;
@@ -971,9 +1000,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  constexpr bool kHelpers = kEpiThreads > 128;  // warps 1-3 of group 0 work in the epilogue
+  constexpr bool kHelpers = kEpiThreads > 128 || k384;  // warps 1-3 of group 0 work in the epilogue
   if (wg == 0) {
-    if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
+    if constexpr (k384) asm volatile("setmaxnreg.dec.sync.aligned.u32 96;\n");
+    else if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if constexpr (kGu) {  // warp 1: the g | u loader; warps 2-3: epilogue
       if (tid >= 64)
@@ -983,7 +1013,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         gu_loader<BN, kGuBufs>(&map_u, p, tiles, gu, gu_full, gu_empty);
     } else if constexpr (kHelpers) {
       if (tid >= 32) {
-        epilogue_role(128 + tid - 32);
+        epilogue_role(k384 ? tid - 32 : 128 + tid - 32);  // the epilogue group's threads come first
       }
     }
     if (tid == 0) {
@@ -1017,7 +1047,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       clock_store(p, kClkProducerEmpty, waited, true);
     }
   } else if (wg <= 2) {
-    if constexpr (kHelpers) asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_MMA) ";\n");
+    // three groups: 128 x 96 + 256 x 200 registers of the 384 x 168 the CTA is launched with
+    if constexpr (k384) asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n");
+    else if constexpr (kHelpers) asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_MMA) ";\n");
     else asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
     const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
     const int warp = tid / 32, lane = tid % 32;
@@ -1069,7 +1101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < kBK / 16; ++kk) {
           const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
           if constexpr (kWideMma) {
-            mma_both<T, BNMajor>(acc_g, acc_u, da + 2 * kk, dg + kStepB * kk, accumulate);
+            mma_both<T, BN, BNMajor>(acc_g, acc_u, da + 2 * kk, dg + kStepB * kk, accumulate);
           } else {
             mma<T, BN, BNMajor>(acc_g, da + 2 * kk, dg + kStepB * kk, accumulate);
             mma<T, BN, BNMajor>(acc_u, da + 2 * kk, du + kStepB * kk, accumulate);
