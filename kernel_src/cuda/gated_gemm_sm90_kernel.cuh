@@ -228,6 +228,9 @@ using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>()>;
 // the main loop's work, K (the model's dim) <= 768. Measured in the probe (NOTES, session
 // 12; wide -> narrow, in place, us): K = 200 17.6 -> 10.8, K = 768 (GeGLU d768) 101-102 ->
 // 95-98; slower at K = 1024 (135.7 -> 140.8), 2048 (304.7 -> 328.2) and 4096 (704-722 -> 766-781).
+// Session 13, the narrow kind with one m64n128k16 per K step: K = 200 14.8 -> 10.9, 768 99.5 ->
+// 91.4-92.2 (the wide kind with its last-tile help), 1024 133.5 -> 134.1 (a tie), 2048 299.2 ->
+// 309.0 (the wide kind without it).
 inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 768; }
 
 // FUSED_MLP_SM90_THREADS384=1 (an experiment switch; the gated forward kind only): three warp
