@@ -127,7 +127,7 @@ static std::pair<double, double> time_us(Launch launch) {
 
 // Under -DFUSED_MLP_SM90_PROBE_CLOCKS=1: the mean over CTAs of each ClockSlot of the kernel
 // header (cycles waited per role and barrier, and each role's whole time), from the last timed
-// launch, in us at the GPU's maximum SM clock.
+// launch, in us at the GPU's maximum SM clock; then frees the counters (attach_clocks).
 static void print_clocks(const char* label, const char* shape, const unsigned long long* d_clk, int grid) {
   std::vector<unsigned long long> clk(size_t(grid) * s::kClockSlots);
   CK(cudaMemcpy(clk.data(), d_clk, clk.size() * 8, cudaMemcpyDeviceToHost));
@@ -142,6 +142,7 @@ static void print_clocks(const char* label, const char* shape, const unsigned lo
     std::printf("  %s %.1f", names[slot], sum / grid / (khz * 1e-3));
   }
   std::printf(" (us)\n");
+  CK(cudaFree(const_cast<unsigned long long*>(d_clk)));
 }
 
 #if FUSED_MLP_SM90_PROBE_CLOCKS
@@ -231,8 +232,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
               label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
               FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
-  print_clocks(label, shape, d_clk, grid);
-  cudaFree(d_clk);
+  print_clocks(label, shape, d_clk, grid);  // and frees d_clk
 #endif
   cudaFree(d_dy);
   cudaFree(d_w);
@@ -335,8 +335,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
               shape, Plain ? (train ? "plain train" : "plain      ") : (train ? "fwd train  " : "fwd        "), bias ? " bias" : "     ", med, lo, flops / med * 1e-6,
               FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
-  print_clocks(label, shape, d_clk, grid);
-  cudaFree(d_clk);
+  print_clocks(label, shape, d_clk, grid);  // and frees d_clk
 #endif
   cudaFree(d_x);
   cudaFree(d_wg);
