@@ -644,6 +644,13 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   n0 = (r / rows) * BN;
 }
 
+// Whether epilogue thread tid (of kThreads) releases the staging tile: the first kArrivers do
+// (all of them but where the MMA groups help with the last tile, see epilogue_tiles).
+template <int kThreads, int kArrivers>
+__device__ __forceinline__ bool releases_staging(int tid) {
+  return kArrivers == kThreads || tid < kArrivers;
+}
+
 // One row of a thread's batch in the wide epilogue: g (and u) of its 8 columns in both halves.
 template <typename T, bool kU, int BN>
 __device__ __forceinline__ void load_row(const T* src, int n, bool ok0, bool ok1, uint4& g0, uint4& g1, uint4& u0,
@@ -700,7 +707,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int t_first, int 
     uint4 gv[kDepth][2], uv[kDepth][2];  // [buffer][half]
     bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
-    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
+    if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
     continue;
 #endif
     if constexpr (kLoads) {  // batches 0 .. kDepth - 2
@@ -770,7 +777,7 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int t_first, int 
         }
       }
     }
-    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
+    if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
   }
   clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
   clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
@@ -880,7 +887,7 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
     tile_coords<BN>(t, p, m0, n0);
     bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
-    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
+    if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
     continue;
 #endif
 #pragma unroll 2
@@ -911,7 +918,7 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
         st16(pre + p.N, uv, cs);
       }
     }
-    if (kArrivers == kEpiThreads || tid < kArrivers) bar_arrive(freed);
+    if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
   }
   clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
   clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
@@ -993,11 +1000,16 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   constexpr bool kTailHelp = FUSED_MLP_SM90_TAIL_HELP && kDh && !kGu && kTailThreads % (BN / 8) == 0;
   // The epilogue's threads (tid 0 .. kEpiThreads - 1): every tile, or all but the last, which
   // they then share with the MMA groups.
+  // The last tile's epilogue on kTailThreads threads (generic, so that kinds without the help
+  // never instantiate it).
+  auto tail_epilogue = [&](auto tid) {
+    epilogue_tiles<T, A, BN, E, kTailThreads, kEpiThreads>(p, t_last, t_last + 1, mine - 1, stg_g, stg_u, staged, freed,
+                                                           tid);
+  };
   auto epilogue_role = [&](int tid) {
     if constexpr (kTailHelp) {
       epilogue_tiles<T, A, BN, E, kEpiThreads, kEpiThreads>(p, blockIdx.x, t_last, 0, stg_g, stg_u, staged, freed, tid);
-      epilogue_tiles<T, A, BN, E, kTailThreads, kEpiThreads>(p, t_last, t_last + 1, mine - 1, stg_g, stg_u, staged,
-                                                             freed, tid);
+      tail_epilogue(tid);
     } else {
       epilogue_tiles<T, A, BN, E, kEpiThreads, kEpiThreads>(p, blockIdx.x, tiles, 0, stg_g, stg_u, staged, freed, tid);
     }
@@ -1156,9 +1168,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     clock_store(p, kClkMmaFull, wait_full, wg == 1 && tid == 0);
     clock_store(p, kClkMmaFreed, wait_freed, wg == 1 && tid == 0);
     clock_store(p, kClkMmaTotal, clock_now() - start, wg == 1 && tid == 0);
-    if constexpr (kTailHelp)
-      epilogue_tiles<T, A, BN, E, kTailThreads, kEpiThreads>(p, t_last, t_last + 1, mine - 1, stg_g, stg_u, staged,
-                                                             freed, kEpiThreads + threadIdx.x - 128);
+    if constexpr (kTailHelp) tail_epilogue(int(kEpiThreads + threadIdx.x - 128));
   } else {
     if constexpr (kHelpers) asm volatile("setmaxnreg.dec.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_EPI) ";\n");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n");
