@@ -14,13 +14,17 @@
 //        Wu [BN x 64] per K step into a ring of kStages stages (128-byte swizzle).
 //   WG1, WG2  MMA: each owns 64 rows of the 128 x BN tile and keeps two fp32
 //        accumulators (gate and up, 64 x BN each: BN registers per thread), filled by
-//        wgmma m64nBNk16 straight from shared memory. BN is 128, or 112 where that
-//        fills the SMs better (pick_block_n). After the last K step they add the
+//        wgmma straight from shared memory: one m64n(2 BN)k16 over both per K step of
+//        16 (mma_both). BN is 128, or 112 where that fills the SMs better
+//        (pick_block_n). After the last K step they add the
 //        biases, round g and u to the input dtype and write them into a staging tile in
 //        shared memory (stmatrix), then go on with the next tile.
 //   WG3  epilogue: reads g and u of the staged tile row by row, applies act(g) * u in
 //        fp32 and stores h (16-byte stores along rows), plus g | u when training. It
 //        overlaps the MMA warp groups' next tile.
+// That is the layout of the other kinds (below). The gated forward kind has no WG3: its
+// epilogue runs on warps 1-3 of WG0, so that a CTA of 384 threads gives the MMA groups the
+// registers one m64n(2 BN)k16 needs (three_groups).
 // The same kernel with other epilogues serves three more kinds (Epi below): the backward's
 // dh GEMM with the activation's derivative (gated and plain; its epilogue also reads the
 // saved pre-activations, several times the forward's bytes, so warps 1-3 of WG0 join it: 224
@@ -35,7 +39,8 @@
 //
 // Synchronization is by mbarriers: full/empty per ring stage (TMA transaction counts),
 // staged/free for the staging tile, and in the narrow dh kind gu_full/gu_empty per g | u buffer. Registers move between the groups with setmaxnreg
-// (producer 40, epilogue 88, MMA 192 per thread; dh kinds: WG0 and WG3 96, MMA 160).
+// (producer 40, epilogue 88, MMA 192 per thread; dh kinds: WG0 and WG3 96, MMA 160; the
+// 384-thread gated forward: WG0 96, MMA 200).
 //
 // Requirements (checked on the host, anything else takes the Triton path): sm_90,
 // bf16 or fp16, x / weights / out / pre with unit column stride, row strides and base
@@ -233,16 +238,27 @@ using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>()>;
 // 309.0 (the wide kind without it).
 inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 768; }
 
-// FUSED_MLP_SM90_THREADS384=1 (an experiment switch; the gated forward kind only): three warp
-// groups, 384 threads, the epilogue on warps 1-3 of the producer's group (96 threads), so that
-// the MMA groups can hold more than the 128 registers a thread of 512 gets and issue one
-// m64n(2 BN)k16 over gate | up (mma_both). NOTES, plan written at the end of session 13, item 1.
+// Three warp groups (384 threads) instead of four: the epilogue runs on warps 1-3 of the
+// producer's group (96 threads), so that the MMA groups can hold more than the 128 registers a
+// thread of 512 gets (200) and issue one m64n(2 BN)k16 over both accumulators (mma_both).
+// FUSED_MLP_SM90_THREADS384 (1; 0 is the 512-thread form before session 14): the gated forward
+// kind. Measured in the probe (NOTES, session 14; 512 -> 384 threads, us): SwiGLU M 4096
+// 1324 -> 1260 (inference), 1368 -> 1274 (training, g | u stored too); GeGLU d768 117.2 ->
+// 117.0 and 127.2 -> 125.0. FUSED_MLP_SM90_PLAIN384 and FUSED_MLP_SM90_DH384 (experiment
+// switches, off): the same for the plain forward kind and for the wide dh kinds.
 #ifndef FUSED_MLP_SM90_THREADS384
-#define FUSED_MLP_SM90_THREADS384 0
+#define FUSED_MLP_SM90_THREADS384 1
+#endif
+#ifndef FUSED_MLP_SM90_PLAIN384
+#define FUSED_MLP_SM90_PLAIN384 0
+#endif
+#ifndef FUSED_MLP_SM90_DH384
+#define FUSED_MLP_SM90_DH384 0
 #endif
 template <Epi E, int BN>
 __host__ __device__ constexpr bool three_groups() {
-  return FUSED_MLP_SM90_THREADS384 && E == Epi::kGatedFwd;
+  return (FUSED_MLP_SM90_THREADS384 && E == Epi::kGatedFwd) || (FUSED_MLP_SM90_PLAIN384 && E == Epi::kPlainFwd) ||
+         (FUSED_MLP_SM90_DH384 && (E == Epi::kGatedDh || E == Epi::kPlainDh) && !gu_tma<E, BN>());
 }
 // Threads of a kind's CTA (the launch and __launch_bounds__).
 template <Epi E, int BN>
@@ -487,8 +503,8 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db
 // spans them; the accumulator registers of columns BN .. 2 BN - 1 are u's (the layout repeats
 // every 8 columns). Against two m64nBNk16 it reads the A tile from shared memory once, not
 // twice. The narrow dh kind (BN = 64) uses it; for BN = 112 and 128 ptxas needs more than the
-// 128 registers a thread of a 512-thread CTA has (C7602), so only the 384-thread experiment
-// (FUSED_MLP_SM90_THREADS384) issues those.
+// 128 registers a thread of a 512-thread CTA has (C7602), so only the 384-thread kinds
+// (three_groups: the gated forward) issue those.
 template <typename T, int BN, bool BNMajor>
 __device__ __forceinline__ void mma_both(float (&g)[BN / 2], float (&u)[BN / 2], uint64_t da, uint64_t db,
                                          uint32_t accumulate) {
