@@ -22,9 +22,9 @@
 //   WG3  epilogue: reads g and u of the staged tile row by row, applies act(g) * u in
 //        fp32 and stores h (16-byte stores along rows), plus g | u when training. It
 //        overlaps the MMA warp groups' next tile.
-// That is the layout of the other kinds (below). The gated forward kind has no WG3: its
-// epilogue runs on warps 1-3 of WG0, so that a CTA of 384 threads gives the MMA groups the
-// registers one m64n(2 BN)k16 needs (three_groups).
+// The gated forward kind runs with 384 threads and has no WG3: its epilogue runs on warps 1-3
+// of WG0, so that the MMA groups get the registers one m64n(2 BN)k16 needs (G3 below; the
+// wide gated dh kind too, where K >= 4096). The other kinds have the four groups above.
 // The same kernel with other epilogues serves three more kinds (Epi below): the backward's
 // dh GEMM with the activation's derivative (gated and plain; its epilogue also reads the
 // saved pre-activations, several times the forward's bytes, so warps 1-3 of WG0 join it: 224
@@ -40,7 +40,7 @@
 // Synchronization is by mbarriers: full/empty per ring stage (TMA transaction counts),
 // staged/free for the staging tile, and in the narrow dh kind gu_full/gu_empty per g | u buffer. Registers move between the groups with setmaxnreg
 // (producer 40, epilogue 88, MMA 192 per thread; dh kinds: WG0 and WG3 96, MMA 160; the
-// 384-thread gated forward: WG0 96, MMA 200).
+// 384-thread forms: WG0 96, MMA 200).
 //
 // Requirements (checked on the host, anything else takes the Triton path): sm_90,
 // bf16 or fp16, x / weights / out / pre with unit column stride, row strides and base
@@ -238,36 +238,31 @@ using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>()>;
 // 309.0 (the wide kind without it).
 inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 768; }
 
-// Three warp groups (384 threads) instead of four: the epilogue runs on warps 1-3 of the
-// producer's group (96 threads), so that the MMA groups can hold more than the 128 registers a
-// thread of 512 gets (200) and issue one m64n(2 BN)k16 over both accumulators (mma_both).
-// FUSED_MLP_SM90_THREADS384 (1; 0 is the 512-thread form before session 14): the gated forward
-// kind. Measured in the probe (NOTES, session 14; 512 -> 384 threads, us): SwiGLU M 4096
-// 1324 -> 1260 (inference), 1368 -> 1274 (training, g | u stored too); GeGLU d768 117.2 ->
-// 117.0 and 127.2 -> 125.0. FUSED_MLP_SM90_PLAIN384 and FUSED_MLP_SM90_DH384 (experiment
-// switches, off): the same for the plain forward kind and for the wide dh kinds.
-#ifndef FUSED_MLP_SM90_THREADS384
-#define FUSED_MLP_SM90_THREADS384 1
-#endif
-#ifndef FUSED_MLP_SM90_PLAIN384
-#define FUSED_MLP_SM90_PLAIN384 0
-#endif
-#ifndef FUSED_MLP_SM90_DH384
-#define FUSED_MLP_SM90_DH384 0
-#endif
-template <Epi E, int BN>
-__host__ __device__ constexpr bool three_groups() {
-  return (FUSED_MLP_SM90_THREADS384 && E == Epi::kGatedFwd) || (FUSED_MLP_SM90_PLAIN384 && E == Epi::kPlainFwd) ||
-         (FUSED_MLP_SM90_DH384 && (E == Epi::kGatedDh || E == Epi::kPlainDh) && !gu_tma<E, BN>());
+// Three warp groups (384 threads) instead of four (G3, a template parameter of the kernel): the
+// epilogue runs on warps 1-3 of the producer's group (96 threads), so that the MMA groups can
+// hold more than the 128 registers a thread of 512 gets (200) and issue one m64n(2 BN)k16 over
+// both accumulators (mma_both). Built for the gated forward kind and the wide gated dh kind;
+// the host picks the form per call (gated_gemm_sm90.cu): the gated forward always, the wide
+// gated dh kind where K >= 4096 (use_three_groups_dh). FUSED_MLP_SM90_THREADS384=0 and
+// FUSED_MLP_SM90_DH384=0 in the environment give back the 512-thread forms (the A/B switches).
+// Measured in the probe (NOTES, session 14; 512 -> 384 threads, us): gated forward, SwiGLU
+// M 4096 1324 -> 1260 (inference), 1368 -> 1274 (training, g | u stored too), GeGLU d768 117.2
+// -> 117.0 and 127.2 -> 125.0; wide gated dh, SwiGLU M 4096 704 -> 655, M 512 112 -> 101,
+// but K = 2048 297 -> 311, K = 1024 132 -> 188, K = 768 99 -> 151 (there the epilogue is
+// the limit, and loses 57% of its threads). The plain forward kind was slower (66.3 -> 72.9).
+template <Epi E, int BN, bool G3>
+__host__ __device__ constexpr bool three_groups_built() {
+  return !G3 || E == Epi::kGatedFwd || (E == Epi::kGatedDh && !gu_tma<E, BN>());
 }
+inline bool use_three_groups_dh(int64_t K) { return K >= 4096; }
 // Threads of a kind's CTA (the launch and __launch_bounds__).
-template <Epi E, int BN>
+template <Epi E, int BN, bool G3>
 __host__ __device__ constexpr int threads() {
-  return three_groups<E, BN>() ? 384 : 512;
+  return G3 ? 384 : 512;
 }
-template <Epi E, int BN>
+template <Epi E, int BN, bool G3>
 __host__ __device__ constexpr int epilogue_threads() {
-  if (three_groups<E, BN>()) return 96;
+  if (G3) return 96;
   if (gu_tma<E, BN>()) return 192;
   return ((FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ||
           (FUSED_MLP_SM90_FWD_HELPERS && E == Epi::kGatedFwd) ||
@@ -504,7 +499,7 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db
 // every 8 columns). Against two m64nBNk16 it reads the A tile from shared memory once, not
 // twice. The narrow dh kind (BN = 64) uses it; for BN = 112 and 128 ptxas needs more than the
 // 128 registers a thread of a 512-thread CTA has (C7602), so only the 384-thread kinds
-// (three_groups: the gated forward) issue those.
+// (G3: the gated forward, the wide gated dh) issue those.
 template <typename T, int BN, bool BNMajor>
 __device__ __forceinline__ void mma_both(float (&g)[BN / 2], float (&u)[BN / 2], uint64_t da, uint64_t db,
                                          uint32_t accumulate) {
@@ -956,8 +951,8 @@ __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
 // the narrow gated dh kind: there it describes pre for gu_loader).
-template <typename T, Activation A, int BN, Epi E, bool BNMajor>
-__global__ void __launch_bounds__(threads<E, BN>(), 1)
+template <typename T, Activation A, int BN, Epi E, bool BNMajor, bool G3>
+__global__ void __launch_bounds__(threads<E, BN, G3>(), 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -970,7 +965,8 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
-  constexpr bool k384 = three_groups<E, BN>();
+  constexpr bool k384 = G3;
+  static_assert(three_groups_built<E, BN, G3>(), "384 threads: the gated forward and wide gated dh kinds only");
   constexpr bool kWideMma = (FUSED_MLP_SM90_WIDE_MMA != 0 && BN == 64) || k384;  // mma_both
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kSt * kStageBytes);
@@ -982,7 +978,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   uint64_t* freed = staged + 1;
   uint64_t* gu_full = freed + 1;      // kGu only
   uint64_t* gu_empty = gu_full + kGuBufs;
-  constexpr int kEpiThreads = epilogue_threads<E, BN>();
+  constexpr int kEpiThreads = epilogue_threads<E, BN, G3>();
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -1199,7 +1195,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
 
 #else  // not compiled for sm_90a: the host never launches it (gated_gemm_sm90 refuses first)
 
-template <typename T, Activation A, int BN, Epi E, bool BNMajor>
+template <typename T, Activation A, int BN, Epi E, bool BNMajor, bool G3>
 __global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                   const __grid_constant__ CUtensorMap, const Params) {}
 
