@@ -84,22 +84,6 @@ def spy(monkeypatch, mod, name: str, key) -> list:
     return calls
 
 
-def sm90_launches(call) -> list:
-    """Run call() under torch.profiler and return the template arguments of each sm_90a
-    kernel it launched: gated_gemm_kernel<T, Activation, BN, Epi, BNMajor, G3> as (BN, G3)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    out = []
-    for e in prof.events():
-        if "gated_gemm_kernel<" in e.name:
-            args = e.name.split("gated_gemm_kernel<", 1)[1].split(", ")
-            out.append((int(args[2]), args[5].startswith("true")))
-    return out
-
-
 def kernel_variants(cfg, tma_flags) -> list:
     """A Triton tile config as each kernel flavour the GPU test runs: pointer loads, and with
     True in tma_flags also TMA loads and the persistent TMA kernel."""

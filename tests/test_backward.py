@@ -30,7 +30,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import kernel_variants, need_sm90, rel_err, sm90_launches, spy
+from conftest import kernel_variants, need_sm90, rel_err, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float64: 1e-12}
@@ -1126,9 +1126,8 @@ def test_fast_tanh_is_default_for_16_bit_only(fused_mlp, monkeypatch):
 
 
 # (M, K = model dim, N = hidden). The gated kind takes its narrow form (128 x 128 tiles, g | u
-# loaded by TMA) for K <= 768 and the wide one above: the last three shapes; the last one, K >=
-# 4096, the wide form with 384 threads.
-DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264), (129, 1032, 136), (131, 4104, 264)]
+# loaded by TMA) for K <= 768 and the wide one above: the last two shapes.
+DACT_SHAPES = [(1, 64, 8), (3, 136, 200), (777, 520, 1000), (300, 1000, 264), (129, 1032, 136)]
 
 
 @pytest.mark.gpu
@@ -1139,12 +1138,11 @@ def test_gpu_sm90_dact(fused_mlp, dtype, act, narrow, monkeypatch):
     """dact_gemm_sm90 against float64: dh = dy @ W with the derivative epilogue, gated and
     plain, W as [K, N] (N-major) and, for the plain MLP, as [N, K] (K-major), in place and
     into a separate buffer (poisoned), on awkward shapes; narrow "off"
-    (FUSED_MLP_SM90_NARROW_DH=0 and FUSED_MLP_SM90_DH384=0) runs the gated kind alone, all its
-    shapes on the wide kind with 512 threads."""
+    (FUSED_MLP_SM90_NARROW_DH=0) runs the gated kind alone, its shapes of K <= 768 on the wide
+    kind too."""
     need_sm90(fused_mlp)
     if narrow == "off":
         monkeypatch.setenv("FUSED_MLP_SM90_NARROW_DH", "0")
-        monkeypatch.setenv("FUSED_MLP_SM90_DH384", "0")
     acts = fused_mlp.activations
     f, df = acts.torch_activation(act), acts.torch_activation_derivative(act)
     aid = acts.ACTIVATION_IDS[act]
@@ -1209,32 +1207,33 @@ def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_sm90_dact_narrow_is_dispatched(fused_mlp, monkeypatch):
-    """The gated dh op launches its narrow kind (template argument BN = 64) for K <= 768, the
-    wide one (BN = 128) above that or under FUSED_MLP_SM90_NARROW_DH=0, and the wide one with
-    384 threads (G3) for K >= 4096 unless FUSED_MLP_SM90_DH384=0: the kernel names
-    torch.profiler records (their results agree, so only the names tell)."""
+    """The gated dh op launches its narrow kind (template argument BN = 64) for K <= 768, and
+    the wide one (BN = 128) above that or under FUSED_MLP_SM90_NARROW_DH=0: the kernel names
+    torch.profiler records (their results are bit-identical, so only the names tell)."""
     need_sm90(fused_mlp)
+    from torch.profiler import ProfilerActivity, profile
+
     op = fused_mlp.ops.dact_gemm_sm90
     aid = fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"]
     bf = dict(device="cuda", dtype=torch.bfloat16)
 
-    def launched(k, narrow=None, dh384=None):
-        for name, value in (("FUSED_MLP_SM90_NARROW_DH", narrow), ("FUSED_MLP_SM90_DH384", dh384)):
-            if value is None:
-                monkeypatch.delenv(name, raising=False)
-            else:
-                monkeypatch.setenv(name, value)
+    def launched_bn(k, switch):
+        if switch is None:
+            monkeypatch.delenv("FUSED_MLP_SM90_NARROW_DH", raising=False)
+        else:
+            monkeypatch.setenv("FUSED_MLP_SM90_NARROW_DH", switch)
         dy, w, pre = torch.randn(256, k, **bf), torch.randn(k, 136, **bf), torch.randn(256, 272, **bf)
-        launches = sm90_launches(lambda: op(torch.empty_like(pre), dy, w, pre, aid, True, True))
-        assert len(launches) == 1, launches
-        return launches[0]
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            op(torch.empty_like(pre), dy, w, pre, aid, True, True)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if "gated_gemm_kernel<" in e.name]
+        assert len(names) == 1, names
+        # gated_gemm_kernel<T, Activation, BN, Epi, BNMajor>
+        return int(names[0].split("gated_gemm_kernel<", 1)[1].split(", ")[2])
 
-    assert launched(768) == (64, False)
-    assert launched(768, narrow="0") == (128, False)
-    assert launched(776) == (128, False)
-    assert launched(4088) == (128, False)
-    assert launched(4096) == (128, True)
-    assert launched(4096, dh384="0") == (128, False)
+    assert launched_bn(768, None) == 64
+    assert launched_bn(768, "0") == 128
+    assert launched_bn(776, None) == 128
 
 
 @pytest.mark.gpu

@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from conftest import kernel_variants, need_sm90, rel_err, sm90_launches, spy
+from conftest import kernel_variants, need_sm90, rel_err, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 # Relative (Frobenius) error bounds against the float64 reference.
@@ -891,17 +891,13 @@ SM90_SHAPES = [(1, 64, 8), (3, 200, 136), (777, 520, 1000), (300, 1000, 264)]  #
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("threads", ["384", "512"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
-def test_gpu_sm90_gate_up(fused_mlp, dtype, act, threads, monkeypatch):
+def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
     """The op against float64 on fresh inputs: awkward shapes (M = 1, sizes that are not
     tile multiples), with and without biases and the training store of g | u, both tile
-    widths (block_n 112 and 128; 0 lets the op choose), outputs poisoned first; both forms of
-    the kernel (384 threads, the default, and 512 under FUSED_MLP_SM90_THREADS384=0)."""
+    widths (block_n 112 and 128; 0 lets the op choose), outputs poisoned first."""
     need_sm90(fused_mlp)
-    if threads == "512":
-        monkeypatch.setenv("FUSED_MLP_SM90_THREADS384", "0")
     ids = fused_mlp.activations.ACTIVATION_IDS
     fn = fused_mlp.activations.torch_activation(act)
     for i, (m, k, n) in enumerate(SM90_SHAPES):
@@ -921,25 +917,6 @@ def test_gpu_sm90_gate_up(fused_mlp, dtype, act, threads, monkeypatch):
             check(out.cpu(), (fn(g) * u).cpu(), TOL[dtype], what)
             if train:
                 check(pre.cpu(), torch.cat([g, u], 1).cpu(), TOL[dtype], what + " g | u")
-
-
-@pytest.mark.gpu
-def test_gpu_sm90_gate_up_form_is_dispatched(fused_mlp, monkeypatch):
-    """The gated forward op launches the kernel's 384-thread form (template argument G3) at
-    both tile widths, and the 512-thread one under FUSED_MLP_SM90_THREADS384=0: the kernel
-    names torch.profiler records."""
-    need_sm90(fused_mlp)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    x, wg, wu = torch.randn(256, 192, **bf), torch.randn(264, 192, **bf), torch.randn(264, 192, **bf)
-    out = torch.empty(256, 264, **bf)
-    aid = fused_mlp.activations.ACTIVATION_IDS["silu"]
-    for block_n in (112, 128):
-        def call():
-            fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, None, None, None, aid, block_n)
-        assert sm90_launches(call) == [(block_n, True)]
-        monkeypatch.setenv("FUSED_MLP_SM90_THREADS384", "0")
-        assert sm90_launches(call) == [(block_n, False)]
-        monkeypatch.delenv("FUSED_MLP_SM90_THREADS384")
 
 
 @pytest.mark.gpu

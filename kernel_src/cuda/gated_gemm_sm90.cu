@@ -104,10 +104,10 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
   return cost(112) < cost(128) ? 112 : 128;
 }
 
-template <typename T, Activation A, int BN, Epi E, bool BNMajor = false, bool G3 = false>
+template <typename T, Activation A, int BN, Epi E, bool BNMajor = false>
 void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb1, Params p, cudaStream_t stream,
             int device) {
-  auto kernel = gated_gemm_kernel<T, A, BN, E, BNMajor, G3>;
+  auto kernel = gated_gemm_kernel<T, A, BN, E, BNMajor>;
   constexpr int kSmem = KindLayout<E, BN>::kSmemBytes;
   static bool smem_set[64] = {};  // per device; setting it twice in a race is harmless
   if (device >= 64 || !smem_set[device]) {
@@ -118,7 +118,7 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb
   p.tiles_n = (p.N + kTileN - 1) / kTileN;
   const int tiles = p.tiles_m * p.tiles_n;
   const int grid = std::min(tiles, sm_count(device));
-  kernel<<<grid, threads<E, BN, G3>(), kSmem, stream>>>(ma, mb0, mb1, p);
+  kernel<<<grid, threads<E, BN>(), kSmem, stream>>>(ma, mb0, mb1, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -189,21 +189,14 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mg = tensor_map(gate_weight, kBK, bn, "gate_weight"),
                     mu = tensor_map(up_weight, kBK, bn, "up_weight");
-  // 384 threads (G3 in the kernel header) unless FUSED_MLP_SM90_THREADS384=0.
-  const bool g3 = !switched_off("FUSED_MLP_SM90_THREADS384");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
-    const auto go = [&](auto t) {
-      using T = decltype(t);
-      if (bn == 112) {
-        if (g3) launch<T, kAct, 112, Epi::kGatedFwd, false, true>(mx, mg, mu, p, stream, device);
-        else launch<T, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
-      } else {
-        if (g3) launch<T, kAct, 128, Epi::kGatedFwd, false, true>(mx, mg, mu, p, stream, device);
-        else launch<T, kAct, 128, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
-      }
-    };
-    if (x.scalar_type() == at::kBFloat16) go(__nv_bfloat16{});
-    else go(__half{});
+    if (x.scalar_type() == at::kBFloat16) {
+      if (bn == 112) launch<__nv_bfloat16, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
+      else launch<__nv_bfloat16, kAct, 128, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
+    } else {
+      if (bn == 112) launch<__half, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
+      else launch<__half, kAct, 128, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
+    }
   });
 }
 
@@ -252,20 +245,18 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   // boxes of kGuRows rows x 128 columns.
   const bool narrow = gated && narrow_gated_dh(K) && !switched_off("FUSED_MLP_SM90_NARROW_DH");
   const CUtensorMap mp = narrow ? tensor_map(pre, 128, kGuRows, "pre", false) : mw;
-  // The wide gated kind with 384 threads where K >= 4096 (use_three_groups_dh in the header),
-  // unless FUSED_MLP_SM90_DH384=0.
-  const bool g3 = gated && !narrow && use_three_groups_dh(K) && !switched_off("FUSED_MLP_SM90_DH384");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
-    const auto go = [&](auto t) {
-      using T = decltype(t);
-      if (narrow) launch<T, kAct, 64, Epi::kGatedDh, true>(md, mw, mp, p, stream, device);
-      else if (g3) launch<T, kAct, 128, Epi::kGatedDh, true, true>(md, mw, mw, p, stream, device);
-      else if (gated) launch<T, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
-      else if (weight_kn) launch<T, kAct, 128, Epi::kPlainDh, true>(md, mw, mw, p, stream, device);
-      else launch<T, kAct, 128, Epi::kPlainDh, false>(md, mw, mw, p, stream, device);
-    };
-    if (dy.scalar_type() == at::kBFloat16) go(__nv_bfloat16{});
-    else go(__half{});
+    if (dy.scalar_type() == at::kBFloat16) {
+      if (narrow) launch<__nv_bfloat16, kAct, 64, Epi::kGatedDh, true>(md, mw, mp, p, stream, device);
+      else if (gated) launch<__nv_bfloat16, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
+      else if (weight_kn) launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh, true>(md, mw, mw, p, stream, device);
+      else launch<__nv_bfloat16, kAct, 128, Epi::kPlainDh, false>(md, mw, mw, p, stream, device);
+    } else {
+      if (narrow) launch<__half, kAct, 64, Epi::kGatedDh, true>(md, mw, mp, p, stream, device);
+      else if (gated) launch<__half, kAct, 128, Epi::kGatedDh, true>(md, mw, mw, p, stream, device);
+      else if (weight_kn) launch<__half, kAct, 128, Epi::kPlainDh, true>(md, mw, mw, p, stream, device);
+      else launch<__half, kAct, 128, Epi::kPlainDh, false>(md, mw, mw, p, stream, device);
+    }
   });
 }
 

@@ -14,17 +14,13 @@
 //        Wu [BN x 64] per K step into a ring of kStages stages (128-byte swizzle).
 //   WG1, WG2  MMA: each owns 64 rows of the 128 x BN tile and keeps two fp32
 //        accumulators (gate and up, 64 x BN each: BN registers per thread), filled by
-//        wgmma straight from shared memory: one m64n(2 BN)k16 over both per K step of
-//        16 (mma_both). BN is 128, or 112 where that fills the SMs better
-//        (pick_block_n). After the last K step they add the
+//        wgmma m64nBNk16 straight from shared memory. BN is 128, or 112 where that
+//        fills the SMs better (pick_block_n). After the last K step they add the
 //        biases, round g and u to the input dtype and write them into a staging tile in
 //        shared memory (stmatrix), then go on with the next tile.
 //   WG3  epilogue: reads g and u of the staged tile row by row, applies act(g) * u in
 //        fp32 and stores h (16-byte stores along rows), plus g | u when training. It
 //        overlaps the MMA warp groups' next tile.
-// The gated forward kind runs with 384 threads and has no WG3: its epilogue runs on warps 1-3
-// of WG0, so that the MMA groups get the registers one m64n(2 BN)k16 needs (G3 below; the
-// wide gated dh kind too, where K >= 4096). The other kinds have the four groups above.
 // The same kernel with other epilogues serves three more kinds (Epi below): the backward's
 // dh GEMM with the activation's derivative (gated and plain; its epilogue also reads the
 // saved pre-activations, several times the forward's bytes, so warps 1-3 of WG0 join it: 224
@@ -39,8 +35,7 @@
 //
 // Synchronization is by mbarriers: full/empty per ring stage (TMA transaction counts),
 // staged/free for the staging tile, and in the narrow dh kind gu_full/gu_empty per g | u buffer. Registers move between the groups with setmaxnreg
-// (producer 40, epilogue 88, MMA 192 per thread; dh kinds: WG0 and WG3 96, MMA 160; the
-// 384-thread forms: WG0 96, MMA 200).
+// (producer 40, epilogue 88, MMA 192 per thread; dh kinds: WG0 and WG3 96, MMA 160).
 //
 // Requirements (checked on the host, anything else takes the Triton path): sm_90,
 // bf16 or fp16, x / weights / out / pre with unit column stride, row strides and base
@@ -238,31 +233,39 @@ using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>()>;
 // 309.0 (the wide kind without it).
 inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 768; }
 
-// Three warp groups (384 threads) instead of four (G3, a template parameter of the kernel): the
-// epilogue runs on warps 1-3 of the producer's group (96 threads), so that the MMA groups can
-// hold more than the 128 registers a thread of 512 gets (200) and issue one m64n(2 BN)k16 over
-// both accumulators (mma_both). Built for the gated forward kind and the wide gated dh kind;
-// the host picks the form per call (gated_gemm_sm90.cu): the gated forward always, the wide
-// gated dh kind where K >= 4096 (use_three_groups_dh). FUSED_MLP_SM90_THREADS384=0 and
-// FUSED_MLP_SM90_DH384=0 in the environment give back the 512-thread forms (the A/B switches).
-// Measured in the probe (NOTES, session 14; 512 -> 384 threads, us): gated forward, SwiGLU
-// M 4096 1324 -> 1260 (inference), 1368 -> 1274 (training, g | u stored too), GeGLU d768 117.2
-// -> 117.0 and 127.2 -> 125.0; wide gated dh, SwiGLU M 4096 704 -> 655, M 512 112 -> 101,
-// but K = 2048 297 -> 311, K = 1024 132 -> 188, K = 768 99 -> 151 (there the epilogue is
-// the limit, and loses 57% of its threads). The plain forward kind was slower (66.3 -> 72.9).
-template <Epi E, int BN, bool G3>
-__host__ __device__ constexpr bool three_groups_built() {
-  return !G3 || E == Epi::kGatedFwd || (E == Epi::kGatedDh && !gu_tma<E, BN>());
+// Three warp groups (384 threads) instead of four (experiment switches, off): the epilogue
+// runs on warps 1-3 of the producer's group (96 threads), so that the MMA groups can hold more
+// than the 128 registers a thread of 512 gets (200) and issue one m64n(2 BN)k16 over both
+// accumulators (mma_both). FUSED_MLP_SM90_THREADS384: the gated forward kind;
+// FUSED_MLP_SM90_PLAIN384: the plain forward kind; FUSED_MLP_SM90_DH384: the wide dh kinds.
+// In the probe (NOTES, session 14; 512 -> 384 threads, us) the gated forward gained (SwiGLU
+// M 4096 1324 -> 1260, training 1368 -> 1274) and the wide gated dh at K = 4096 (704 -> 655),
+// but end to end, in one process with both forms built (CUDA graphs replayed back to back),
+// both lost at SwiGLU M 4096 (forward +1.4%, training step +1.8% and +1.3%): at the H200's
+// 700 W limit the 384-thread forms run at ~1420 MHz instead of ~1480 and the fewer cycles do
+// not make up for it. The plain forward lost in the probe already (66.3 -> 72.9).
+#ifndef FUSED_MLP_SM90_THREADS384
+#define FUSED_MLP_SM90_THREADS384 0
+#endif
+#ifndef FUSED_MLP_SM90_PLAIN384
+#define FUSED_MLP_SM90_PLAIN384 0
+#endif
+#ifndef FUSED_MLP_SM90_DH384
+#define FUSED_MLP_SM90_DH384 0
+#endif
+template <Epi E, int BN>
+__host__ __device__ constexpr bool three_groups() {
+  return (FUSED_MLP_SM90_THREADS384 && E == Epi::kGatedFwd) || (FUSED_MLP_SM90_PLAIN384 && E == Epi::kPlainFwd) ||
+         (FUSED_MLP_SM90_DH384 && (E == Epi::kGatedDh || E == Epi::kPlainDh) && !gu_tma<E, BN>());
 }
-inline bool use_three_groups_dh(int64_t K) { return K >= 4096; }
 // Threads of a kind's CTA (the launch and __launch_bounds__).
-template <Epi E, int BN, bool G3>
+template <Epi E, int BN>
 __host__ __device__ constexpr int threads() {
-  return G3 ? 384 : 512;
+  return three_groups<E, BN>() ? 384 : 512;
 }
-template <Epi E, int BN, bool G3>
+template <Epi E, int BN>
 __host__ __device__ constexpr int epilogue_threads() {
-  if (G3) return 96;
+  if (three_groups<E, BN>()) return 96;
   if (gu_tma<E, BN>()) return 192;
   return ((FUSED_MLP_SM90_DH_HELPERS && (E == Epi::kGatedDh || E == Epi::kPlainDh)) ||
           (FUSED_MLP_SM90_FWD_HELPERS && E == Epi::kGatedFwd) ||
@@ -498,8 +501,8 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db
 // spans them; the accumulator registers of columns BN .. 2 BN - 1 are u's (the layout repeats
 // every 8 columns). Against two m64nBNk16 it reads the A tile from shared memory once, not
 // twice. The narrow dh kind (BN = 64) uses it; for BN = 112 and 128 ptxas needs more than the
-// 128 registers a thread of a 512-thread CTA has (C7602), so only the 384-thread kinds
-// (G3: the gated forward, the wide gated dh) issue those.
+// 128 registers a thread of a 512-thread CTA has (C7602), so only the 384-thread
+// experiments (three_groups) issue those.
 template <typename T, int BN, bool BNMajor>
 __device__ __forceinline__ void mma_both(float (&g)[BN / 2], float (&u)[BN / 2], uint64_t da, uint64_t db,
                                          uint32_t accumulate) {
@@ -951,8 +954,8 @@ __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
 // the narrow gated dh kind: there it describes pre for gu_loader).
-template <typename T, Activation A, int BN, Epi E, bool BNMajor, bool G3>
-__global__ void __launch_bounds__(threads<E, BN, G3>(), 1)
+template <typename T, Activation A, int BN, Epi E, bool BNMajor>
+__global__ void __launch_bounds__(threads<E, BN>(), 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                       const __grid_constant__ CUtensorMap map_u, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -965,8 +968,7 @@ __global__ void __launch_bounds__(threads<E, BN, G3>(), 1)
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
-  constexpr bool k384 = G3;
-  static_assert(three_groups_built<E, BN, G3>(), "384 threads: the gated forward and wide gated dh kinds only");
+  constexpr bool k384 = three_groups<E, BN>();
   constexpr bool kWideMma = (FUSED_MLP_SM90_WIDE_MMA != 0 && BN == 64) || k384;  // mma_both
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kSt * kStageBytes);
@@ -978,7 +980,7 @@ __global__ void __launch_bounds__(threads<E, BN, G3>(), 1)
   uint64_t* freed = staged + 1;
   uint64_t* gu_full = freed + 1;      // kGu only
   uint64_t* gu_empty = gu_full + kGuBufs;
-  constexpr int kEpiThreads = epilogue_threads<E, BN, G3>();
+  constexpr int kEpiThreads = epilogue_threads<E, BN>();
 
   const int wg = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
@@ -1195,7 +1197,7 @@ __global__ void __launch_bounds__(threads<E, BN, G3>(), 1)
 
 #else  // not compiled for sm_90a: the host never launches it (gated_gemm_sm90 refuses first)
 
-template <typename T, Activation A, int BN, Epi E, bool BNMajor, bool G3>
+template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                   const __grid_constant__ CUtensorMap, const Params) {}
 
