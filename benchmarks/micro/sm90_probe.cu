@@ -310,13 +310,38 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   constexpr int kSmem = s::KindLayout<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>::kSmemBytes;
   constexpr int kThreadsFwd = s::threads<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const int grid = std::min(p.tiles_m * p.tiles_n, sms);
+  constexpr bool kPair = s::paired<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd>();
+  const int loop = s::loop_tiles<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd>(p);
+  int grid = std::min(loop, sms);
+  // CLUSTER=2: clusters of two CTAs, as many as can be resident at once (the loop is persistent)
+  cudaLaunchAttribute cluster_attr{};
+  cluster_attr.id = cudaLaunchAttributeClusterDimension;
+  cluster_attr.val.clusterDim.x = 2;
+  cluster_attr.val.clusterDim.y = 1;
+  cluster_attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(kThreadsFwd);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.attrs = &cluster_attr;
+  cfg.numAttrs = 1;
+  if (kPair) {
+    cfg.gridDim = dim3(2 * sms);
+    int clusters = 0;
+    CK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+    grid = 2 * std::min(loop / 2, clusters);
+    std::printf("[probe] clusters of 2: %d resident, grid %d\n", clusters, grid);
+  }
+  cfg.gridDim = dim3(grid);
+  const auto launch = [&] {
+    if (kPair) CK(cudaLaunchKernelEx(&cfg, kernel, mx, mg, mu, p));
+    else kernel<<<grid, kThreadsFwd, kSmem>>>(mx, mg, mu, p);
+  };
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* d_clk = attach_clocks(p, grid);
 #endif
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
   if (train) CK(cudaMemset(d_pre, 0xff, size_t(M) * pre_cols * 2));
-  kernel<<<grid, kThreadsFwd, kSmem>>>(mx, mg, mu, p);
+  launch();
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   int bad = 0;
@@ -345,7 +370,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
       for (const auto& [got, want] : pairs) check_value(got, want, worst, bad);
     }
   }
-  const auto [med, lo] = time_us([&] { kernel<<<grid, kThreadsFwd, kSmem>>>(mx, mg, mu, p); });
+  const auto [med, lo] = time_us(launch);
   const double flops = (Plain ? 2.0 : 4.0) * M * K * double(N);
   std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)\n", label,
               shape, Plain ? (train ? "plain train" : "plain      ") : (train ? "fwd train  " : "fwd        "), bias ? " bias" : "     ", med, lo, flops / med * 1e-6,

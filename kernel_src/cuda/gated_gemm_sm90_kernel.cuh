@@ -253,6 +253,29 @@ inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 76
 #ifndef FUSED_MLP_SM90_DH384
 #define FUSED_MLP_SM90_DH384 0
 #endif
+// FUSED_MLP_SM90_CLUSTER=2 (an experiment switch, the gated forward kind only; NOTES, plan
+// written at the end of session 14, item 1): CTAs run in clusters of two on neighbouring row
+// blocks of the same column block, and each loads half of the stage's weight tiles (rank 0 Wg,
+// rank 1 Wu) with a multicast TMA load into both CTAs' shared memory: 32 KB from L2 per stage
+// and CTA instead of 48, for less energy per tile at the H200's power limit. A stage is free
+// only when the MMA groups of both CTAs are done with it (empty counts 4 arrivals, two of them
+// remote). Tile t of the persistent loop is then pair t / 2 (tile_coords<.., true>), row block
+// 2 m + t % 2: with an even grid, CTA rank r = blockIdx.x % 2 gets exactly the tiles of rank r.
+// The host launches it with a cluster dimension of 2 (cudaLaunchKernelEx; the probe does).
+#ifndef FUSED_MLP_SM90_CLUSTER
+#define FUSED_MLP_SM90_CLUSTER 1
+#endif
+template <Epi E>
+__host__ __device__ constexpr bool paired() {
+  return FUSED_MLP_SM90_CLUSTER == 2 && E == Epi::kGatedFwd;
+}
+// Tiles of a kind's persistent loop (paired kinds: two per pair, the second of a pair past M
+// where tiles_m is odd: its loads fill zeros and its stores are masked).
+template <Epi E>
+__host__ __device__ inline int loop_tiles(const Params& p) {
+  return paired<E>() ? 2 * ((p.tiles_m + 1) / 2) * p.tiles_n : p.tiles_m * p.tiles_n;
+}
+
 template <Epi E, int BN>
 __host__ __device__ constexpr bool three_groups() {
   return (FUSED_MLP_SM90_THREADS384 && E == Epi::kGatedFwd) || (FUSED_MLP_SM90_PLAIN384 && E == Epi::kPlainFwd) ||
@@ -389,6 +412,35 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
         "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
         : "memory");
   }
+}
+
+// The same load into the shared memory of every CTA of the cluster in cta_mask (same offset
+// in each), completing bytes on the mbarrier at bar's offset in each of them (CLUSTER).
+__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int k, int row,
+                                                   uint16_t cta_mask, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5, %6;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row), "h"(cta_mask), "l"(policy)
+      : "memory");
+}
+
+// An arrival on the mbarrier at bar's offset in the shared memory of cluster CTA cta.
+__device__ __forceinline__ void bar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+// Every thread of every CTA of the cluster (and what they wrote before, to the others).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
 }
 
 // The gated forward epilogue's 16-byte global stores, evict-first when cs (kHintStream).
@@ -648,13 +700,16 @@ __device__ __forceinline__ void gated_dh8(const uint4& dv, const uint4& g4, cons
   du = make_uint4(duw[0], duw[1], duw[2], duw[3]);
 }
 
-template <int BN>
+template <int BN, bool kPair = false>
 __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int& n0) {
+  const int rank = kPair ? t % 2 : 0;  // paired kinds (CLUSTER): t / 2 is the pair, of 256 rows
+  if constexpr (kPair) t /= 2;
+  const int tiles_m = kPair ? (p.tiles_m + 1) / 2 : p.tiles_m;
   const int per_group = kGroupM * p.tiles_n;
   const int first_m = (t / per_group) * kGroupM;
-  const int rows = min(p.tiles_m - first_m, kGroupM);
+  const int rows = min(tiles_m - first_m, kGroupM);
   const int r = t % per_group;
-  m0 = (first_m + r % rows) * kBM;
+  m0 = (kPair ? 2 * (first_m + r % rows) + rank : first_m + r % rows) * kBM;
   n0 = (r / rows) * BN;
 }
 
@@ -898,7 +953,7 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
   long long wait_staged = 0;
   for (int t = t_first; t < t_end; t += gridDim.x, ++it) {
     int m0, n0;
-    tile_coords<BN>(t, p, m0, n0);
+    tile_coords<BN, paired<Epi::kGatedFwd>()>(t, p, m0, n0);
     bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
     if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
@@ -969,6 +1024,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
   constexpr bool k384 = three_groups<E, BN>();
+  constexpr bool kPair = paired<E>();  // CLUSTER: weight tiles multicast to a pair of CTAs
   constexpr bool kWideMma = (FUSED_MLP_SM90_WIDE_MMA != 0 && BN == 64) || k384;  // mma_both
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kSt * kStageBytes);
@@ -987,7 +1043,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kSt; ++s) {
       bar_init(&full[s], 1);
-      bar_init(&empty[s], 2);  // one arrival per MMA warp group
+      bar_init(&empty[s], kPair ? 4 : 2);  // one arrival per MMA warp group (of both CTAs if paired)
     }
     bar_init(staged, 256);     // every MMA thread
     bar_init(freed, kEpiThreads);  // every epilogue thread
@@ -999,9 +1055,10 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kPair) cluster_sync();  // the peer's barriers exist before any multicast or remote arrival
+  else __syncthreads();
 
-  const int tiles = p.tiles_m * p.tiles_n;
+  const int tiles = loop_tiles<E>(p);
   const int ksteps = (p.K + kBK - 1) / kBK;
   // The CTA's tiles are blockIdx.x + i gridDim.x, i < mine (the grid is at most the tile count).
   const int mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
@@ -1051,11 +1108,13 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
       uint64_t policy = 0;
       if (p.flags & kHintEvictLast) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+      else if (kPair) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+      const uint32_t rank = kPair ? cluster_rank() : 0;
       uint32_t c = 0;
       long long waited = 0;
       for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
-        tile_coords<kTileN>(t, p, m0, n0);
+        tile_coords<kTileN, kPair>(t, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kSt;
           bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
@@ -1067,6 +1126,9 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
 #pragma unroll
             for (int b = 0; b < 2 * BN / 64; ++b)
               tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kb * kBK, policy);
+          } else if constexpr (kPair) {  // this CTA's half of the weights, into both CTAs
+            if (rank == 0) tma_load_multicast(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, 0x3, policy);
+            else tma_load_multicast(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, n0, 0x3, policy);
           } else {
             tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, policy);
             tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN, policy);
@@ -1081,6 +1143,16 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     else if constexpr (kHelpers) asm volatile("setmaxnreg.inc.sync.aligned.u32 " FUSED_MLP_STR(FUSED_MLP_SM90_DH_REGS_MMA) ";\n");
     else asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n");
     const int half = wg - 1;  // rows [64 * half, 64 * half + 64) of the tile
+    // A stage read: free for this CTA's producer, and if paired for the peer's (whose multicast
+    // writes into this CTA's stage too).
+    const auto release_stage = [](uint64_t* bar) {
+      if constexpr (kPair) {
+        bar_arrive_cluster(bar, 0);
+        bar_arrive_cluster(bar, 1);
+      } else {
+        bar_arrive(bar);
+      }
+    };
     const int warp = tid / 32, lane = tid % 32;
     float acc_g[BN / 2], acc_u[BN / 2];
     const T* bg = static_cast<const T*>(p.bg);
@@ -1096,7 +1168,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       // (the staging below fetches the words it needs with shuffles). Biases only exist in
       // the forward kinds.
       int m0, n0;
-      tile_coords<kTileN>(t, p, m0, n0);
+      tile_coords<kTileN, kPair>(t, p, m0, n0);
       uint32_t bias_w[4];  // g words lane, 32 + lane; then u's
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -1140,12 +1212,12 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         fence_regs(acc_g);
         fence_regs(acc_u);
         wgmma_wait<1>();
-        if (kb > 0 && tid == 0) bar_arrive(&empty[(c - 1) % kSt]);
+        if (kb > 0 && tid == 0) release_stage(&empty[(c - 1) % kSt]);
       }
       wgmma_wait<0>();
       fence_regs(acc_g);
       fence_regs(acc_u);
-      if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) bar_arrive(&empty[(c - 1) % kSt]);
+      if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) release_stage(&empty[(c - 1) % kSt]);
 
 #if FUSED_MLP_SM90_PROBE_NOSTAGE
       {  // keeps every accumulator live (ptxas drops MMAs whose results are never read)
@@ -1192,6 +1264,10 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     } else {
       epilogue_role(tid);
     }
+  }
+  if constexpr (kPair) {  // no CTA leaves while its peer may still multicast into it or arrive on it
+    __syncwarp();
+    cluster_sync();
   }
 }
 
