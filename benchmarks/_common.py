@@ -53,6 +53,14 @@ def copy_bandwidth(time_ms: Callable[[Callable[[], object]], float], device: str
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 
+def swiglu_operands(m: int = 4096, d: int = 4096, h: int = 14336) -> tuple:
+    """x [m, d], Wg and Wu [h, d], Wd [d, h] on the GPU in bf16, random with the weights
+    scaled to keep the outputs O(1): the Llama-8B-sized SwiGLU block of the micro scripts."""
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    return (torch.randn(m, d, **bf), torch.randn(h, d, **bf) * d**-0.5, torch.randn(h, d, **bf) * d**-0.5,
+            torch.randn(d, h, **bf) * h**-0.5)
+
+
 def graphed(fn: Callable[[], object]) -> Callable[[], None]:
     """A CUDA graph of one call of fn (warmed up on a side stream first); returns its replay."""
     s = torch.cuda.Stream()

@@ -19,6 +19,9 @@ the medians.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import argparse
 import os
 import subprocess
@@ -28,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from kernels import get_kernel
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import swiglu_operands  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,13 +41,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     a = ap.parse_args()
     fm = get_kernel("org/fused-mlp", version=1)
-    m, d, h = 4096, 4096, 14336
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, d, **bf)
-    wg, wu = torch.randn(h, d, **bf) / 64, torch.randn(h, d, **bf) / 64
-    wd = torch.randn(d, h, **bf) / 120
+    x, wg, wu, wd = swiglu_operands()
     wgu = torch.cat([wg, wu])
-    out = torch.empty(m, h, **bf)
+    out = torch.empty(x.shape[0], wg.shape[0], device="cuda", dtype=torch.bfloat16)
     silu = fm.activations.ACTIVATION_IDS["silu"]
 
     def ours_gate_up():

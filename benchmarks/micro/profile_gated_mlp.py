@@ -10,18 +10,20 @@ power_clock.py), so these times are the kernels' own at burst clocks, not the be
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from kernels import get_kernel
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import swiglu_operands  # noqa: E402
+
 
 def main() -> None:
     fm = get_kernel("org/fused-mlp", version=1)
-    m, d, h = 4096, 4096, 14336
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, d, **bf)
-    wg, wu = torch.randn(h, d, **bf) / 64, torch.randn(h, d, **bf) / 64
-    wd = torch.randn(d, h, **bf) / 120
+    x, wg, wu, wd = swiglu_operands()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for _ in range(5):
         fm.gated_mlp(x, wg, wu, wd, "silu")
