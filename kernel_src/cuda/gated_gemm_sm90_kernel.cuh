@@ -263,7 +263,7 @@ inline bool narrow_gated_dh(int64_t K) { return FUSED_MLP_SM90_DH_TMA && K <= 76
 // 2 m + t % 2: with an even grid, CTA rank r = blockIdx.x % 2 gets exactly the tiles of rank r.
 // The host launches it with a cluster dimension of 2 (cudaLaunchKernelEx; the probe does).
 #ifndef FUSED_MLP_SM90_CLUSTER
-#define FUSED_MLP_SM90_CLUSTER 1
+#define FUSED_MLP_SM90_CLUSTER 1  // CTAs per cluster: 1 (no clusters) as shipped
 #endif
 template <Epi E>
 __host__ __device__ constexpr bool paired() {
@@ -1112,7 +1112,8 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
       uint64_t policy = 0;
       if (p.flags & kHintEvictLast) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-      else if (kPair) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+      else if (kPair)  // the multicast load always names a policy: the default one
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
       const uint32_t rank = kPair ? cluster_rank() : 0;
       uint32_t c = 0;
       long long waited = 0;
