@@ -22,10 +22,14 @@
 // (skipped for the probe variants that do not compute the result), then times 40 runs of
 // [256 MiB memset to flush L2; event; kernel; event] and prints the median and minimum.
 // Short runs like these see higher clocks than a model's sustained load; PROBE_SUSTAIN_MS=3000
-// (environment) runs the kernel back to back for 3 s before them (see time_us).
+// (environment) runs the kernel back to back for 3 s before them and reports for the second
+// half of those launches the time, energy (NVML) and mean power per launch and the SM clock:
+// at the H200's 700 W limit energy per launch decides the speed (see time_us).
 #include "gated_gemm_sm90_kernel.cuh"
 
 #include <cudaTypedefs.h>
+
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -98,6 +102,53 @@ static void check_value(double got, double want, double& worst, int& bad) {
   if (!(err < 0.03)) ++bad;
 }
 
+// The driver's NVML, opened at run time (no header or library needed to build): the board's
+// energy counter and the SM clock, for the sustained phase of time_us. The declarations are
+// NVML's C ABI (return 0 = success; energy in mJ since the driver loaded; clock type 1 = SM).
+struct Nvml {
+  void* dev = nullptr;
+  int (*energy)(void*, unsigned long long*) = nullptr;
+  int (*clock)(void*, int, unsigned int*) = nullptr;
+  Nvml() {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (lib == nullptr) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+    auto handle = reinterpret_cast<int (*)(unsigned int, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    energy = reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption"));
+    clock = reinterpret_cast<int (*)(void*, int, unsigned int*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
+    int cuda_dev = 0;
+    if (init == nullptr || handle == nullptr || energy == nullptr || clock == nullptr || init() != 0 ||
+        cudaGetDevice(&cuda_dev) != cudaSuccess || handle(unsigned(cuda_dev), &dev) != 0)
+      dev = nullptr;  // (the NVML index is taken to be the CUDA one: one GPU on the device)
+  }
+  double millijoules() const {
+    unsigned long long mj = 0;
+    return dev != nullptr && energy(dev, &mj) == 0 ? double(mj) : -1.0;
+  }
+  unsigned sm_mhz() const {
+    unsigned int mhz = 0;
+    return dev != nullptr && clock(dev, 1, &mhz) == 0 ? mhz : 0u;
+  }
+};
+
+// What the sustained phase of the last time_us measured (n == 0: none ran).
+struct Sustained {
+  int n = 0;
+  double us_per_launch = 0, mj_per_launch = -1, watts = -1;
+  unsigned sm_mhz = 0;
+};
+static Sustained g_sustained;
+
+// " | sustained: ..." for the probe's line, or nothing.
+static std::string sustained_text() {
+  const Sustained& s = g_sustained;
+  if (s.n == 0) return "";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, " | sustained %d: %.1f us, %.2f mJ, %.0f W, SM %u MHz", s.n, s.us_per_launch,
+                s.mj_per_launch, s.watts, s.sm_mhz);
+  return buf;
+}
+
 // 40 timed launches (after 3 warm-up ones) of [256 MiB memset to flush L2; event; launch;
 // event]: median and minimum in us.
 template <typename Launch>
@@ -112,16 +163,36 @@ static std::pair<double, double> time_us(Launch launch) {
   // PROBE_SUSTAIN_MS=n (environment): first n ms of launches back to back, so that the timed
   // runs see the clock the GPU holds at its power limit under sustained load (~1.45 GHz for
   // these GEMMs on the H200, against up to 1.98 in short bursts; NOTES, session 14).
+  // The second half of them is measured: time per launch (events), energy per launch and
+  // mean power (NVML's energy counter; -1 where NVML is missing) and the SM clock at its end.
+  g_sustained = Sustained{};
   if (const char* sustain = std::getenv("PROBE_SUSTAIN_MS")) {
+    static const Nvml nvml;
     CK(cudaEventRecord(e0));
     launch();
     CK(cudaEventRecord(e1));
     CK(cudaEventSynchronize(e1));
     float one = 0.0f;
     CK(cudaEventElapsedTime(&one, e0, e1));
-    const int n = std::max(1, int(std::atof(sustain) / std::max(one, 1e-3f)));
-    for (int i = 0; i < n; ++i) launch();
+    const int n = std::max(2, int(std::atof(sustain) / std::max(one, 1e-3f)));
+    for (int i = 0; i < n / 2; ++i) launch();
     CK(cudaDeviceSynchronize());
+    const double mj0 = nvml.millijoules();
+    CK(cudaEventRecord(e0));
+    for (int i = n / 2; i < n; ++i) launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    const double mj1 = nvml.millijoules();
+    float ms_total = 0.0f;
+    CK(cudaEventElapsedTime(&ms_total, e0, e1));
+    Sustained& s = g_sustained;
+    s.n = n - n / 2;
+    s.us_per_launch = ms_total * 1e3 / s.n;
+    if (mj0 >= 0 && mj1 >= 0) {
+      s.mj_per_launch = (mj1 - mj0) / s.n;
+      s.watts = (mj1 - mj0) / ms_total;
+    }
+    s.sm_mhz = nvml.sm_mhz();
   }
   for (int r = 0; r < 43; ++r) {
     CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
@@ -244,9 +315,9 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
 
   const auto [med, lo] = time_us([&] { kernel<<<grid, s::threads<s::Epi::kGatedDh, BN>(), kSmem>>>(md, mw, mp, p); });
   const double flops = 2.0 * M * K * double(N), bytes = 2.0 * (2.0 * M * 2.0 * N + double(M) * K + double(K) * N);
-  std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)\n",
+  std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)%s\n",
               label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
-              FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
+              FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst, sustained_text().c_str());
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   print_clocks(label, shape, d_clk, grid);  // and frees d_clk
 #endif
@@ -372,9 +443,9 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   }
   const auto [med, lo] = time_us(launch);
   const double flops = (Plain ? 2.0 : 4.0) * M * K * double(N);
-  std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)\n", label,
+  std::printf("[probe] %-22s %-14s %s%s median %7.1f us  min %7.1f  %6.1f TFLOP/s  check %s (worst %.4f)%s\n", label,
               shape, Plain ? (train ? "plain train" : "plain      ") : (train ? "fwd train  " : "fwd        "), bias ? " bias" : "     ", med, lo, flops / med * 1e-6,
-              FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst);
+              FUSED_MLP_SM90_PROBE == 0 ? (bad == 0 ? "ok" : "FAIL") : "skipped", worst, sustained_text().c_str());
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   print_clocks(label, shape, d_clk, grid);  // and frees d_clk
 #endif
