@@ -19,13 +19,12 @@ the medians.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import argparse
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F

@@ -139,7 +139,7 @@ struct Sustained {
 };
 static Sustained g_sustained;
 
-// " | sustained: ..." for the probe's line, or nothing.
+// " | sustained <launches>: <us>, <mJ>, <W>, SM <MHz>" for the probe's line, or nothing.
 static std::string sustained_text() {
   const Sustained& s = g_sustained;
   if (s.n == 0) return "";
