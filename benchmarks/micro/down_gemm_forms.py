@@ -2,7 +2,8 @@
 """cuBLAS on the MLP's second GEMM at few tokens, y = h @ W^T (h [M, H], W [D, H], nn.Linear
 layout), in forms that give cuBLAS different problem shapes: F.linear as the MLP runs it
 (cuBLAS's m = D, n = M), the transposed product W @ h^T (m = M, n = D) with and without
-the copy back to [M, D], and, for reference only, against a [H, D] copy of the weight.
+the copy back to [M, D], split-K as one strided-batched GEMM with fp32 partials and their sum
+(s = 2, 4, 7 parts of K), and, for reference only, against a [H, D] copy of the weight.
 
     python benchmarks/micro/down_gemm_forms.py [--out FILE]
 
@@ -22,6 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import median_us, rel_err, write_report  # noqa: E402
 
 
+def split_k(h: torch.Tensor, w: torch.Tensor, s: int) -> torch.Tensor:
+    """h @ w^T with K split in s parts: one strided-batched cuBLAS GEMM writing s fp32 partial
+    products (views of h and w, no copies), then their sum rounded once to h's dtype."""
+    m, k = h.shape
+    kc = k // s
+    parts = torch.bmm(h.view(m, s, kc).transpose(0, 1), w.view(-1, s, kc).permute(1, 2, 0), out_dtype=torch.float32)
+    return parts.sum(0).to(h.dtype)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -37,6 +47,7 @@ def main() -> None:
             w_kn = w.t().contiguous()
             forms = {
                 "F.linear(h, W)": lambda: F.linear(x, w),
+                **{f"split-K {s} (bmm, fp32 partials) + sum": (lambda s=s: split_k(x, w, s)) for s in (2, 4, 7)},
                 "F.linear(h, W, b)": lambda: F.linear(x, w, b),
                 "mm(W, h^T) (transposed result)": lambda: torch.mm(w, x.t()),
                 "mm(W, h^T).t().contiguous()": lambda: torch.mm(w, x.t()).t().contiguous(),

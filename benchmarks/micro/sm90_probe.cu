@@ -10,7 +10,9 @@
 // "fwd" times the gated forward kind instead (h = act(x Wg^T) * (x Wu^T), and g | u into
 // pre for training): GeGLU d768 with and without pre (and with biases), SwiGLU M 4096 with
 // and without pre; then the plain forward kind (act(x W1^T + b1), and x W1^T + b1 into pre
-// for training) at d768.
+// for training) at d768; then SwiGLU M 128 and 512 (inference, 112-column tiles).
+// PROBE_L2_AHEAD=1 (environment) sets the kHintL2Ahead flag of the forward kinds;
+// PROBE_SHAPES=swiglu_m128,geglu_d768 runs only the forward shapes named.
 //
 // -DPROBE_DH_BN=64 times the narrow gated dh kind (128 x 128 tiles, g | u TMA-loaded; session
 // 12) instead of the wide one. PROBE_MORE_K=1 (environment) adds two dh shapes with K = 1024
@@ -74,9 +76,19 @@ static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_r
 // Params::flags (cache hints) as the ops set them (s::gated_forward_hints for the gated
 // forward, none for the other kinds); PROBE_HINTS=0/1/2/3 overrides (bit 0 evict-first stores
 // of the gated forward epilogue, bit 1 evict-last TMA loads).
+// PROBE_L2_AHEAD=1 adds bit 2 (s::kHintL2Ahead: L2 prefetches of later K steps' weight tiles).
 static uint32_t probe_flags(uint32_t op_default) {
   const char* v = std::getenv("PROBE_HINTS");
-  return v != nullptr ? static_cast<uint32_t>(std::atoi(v)) : op_default;
+  const uint32_t f = v != nullptr ? static_cast<uint32_t>(std::atoi(v)) : op_default;
+  return std::getenv("PROBE_L2_AHEAD") != nullptr ? (f | s::kHintL2Ahead) : f;
+}
+
+// PROBE_SHAPES=a,b (environment): only the forward shapes whose names are in the list.
+static bool shape_selected(const char* shape) {
+  const char* v = std::getenv("PROBE_SHAPES");
+  if (v == nullptr) return true;
+  const std::string list = std::string(",") + v + ",";
+  return list.find(std::string(",") + shape + ",") != std::string::npos;
 }
 
 static float bf(bf16 v) { return __bfloat162float(v); }
@@ -330,8 +342,9 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
 // The forward kinds. Gated: x [M, K], Wg and Wu [N, K] (nn.Linear), h [M, N], pre [M, 2N]
 // (g | u) if train. Plain: x [M, K], W1 [N, K] (in wg), out = act(x W1^T + b1) [M, N], pre
 // [M, N] (x W1^T + b1) if train.
-template <Activation A, bool Plain = false>
+template <Activation A, bool Plain = false, int BN = 128>
 static void run_fwd(const char* label, const char* shape, int M, int K, int N, bool train, bool bias) {
+  if (!shape_selected(shape)) return;
   const int pre_cols = Plain ? N : 2 * N;
   std::mt19937 rng(4321);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -358,7 +371,6 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   CK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_wg, wg.data(), wg.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_wu, wu.data(), wu.size() * 2, cudaMemcpyHostToDevice));
-  constexpr int BN = 128;
   const CUtensorMap mx = map2d(d_x, M, K, s::kBK, s::kBM);
   const CUtensorMap mg = map2d(d_wg, N, K, s::kBK, BN);
   const CUtensorMap mu = Plain ? mg : map2d(d_wu, N, K, s::kBK, BN);
@@ -468,6 +480,9 @@ int main(int argc, char** argv) {
     run_fwd<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, false, false);
     run_fwd<Activation::kGeluTanh, true>(label, "mlp_d768", 8192, 768, 3072, false, true);
     run_fwd<Activation::kGeluTanh, true>(label, "mlp_d768", 8192, 768, 3072, true, true);
+    // the weight-streaming shapes, with the 112-column tiles the op picks there
+    run_fwd<Activation::kSilu, false, 112>(label, "swiglu_m128", 128, 4096, 14336, false, false);
+    run_fwd<Activation::kSilu, false, 112>(label, "swiglu_m512", 512, 4096, 14336, false, false);
     return 0;
   }
   const bool inplace = argc > 2 && std::string(argv[2]) == "inplace";

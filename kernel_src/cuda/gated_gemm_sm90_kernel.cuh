@@ -163,7 +163,16 @@ struct Params {
 // (the wide epilogue, of the plain forward and dh kinds, stores without hints: no gain end to
 // end for the one, none in the probe for the other, and the branch cost dh registers; the
 // narrow dh kind measured none either: 94.5-96.3 us with any of them, session 12).
-constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u;
+//   kHintL2Ahead    the producer also asks L2 for the weight tiles of later K steps
+//                   (FUSED_MLP_SM90_L2_AHEAD steps ahead, FUSED_MLP_SM90_L2_GROUP at a time;
+//                   an experiment for the weight-streaming shapes, M <= 512: NOTES, session 15)
+constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u, kHintL2Ahead = 4u;
+#ifndef FUSED_MLP_SM90_L2_AHEAD
+#define FUSED_MLP_SM90_L2_AHEAD 8
+#endif
+#ifndef FUSED_MLP_SM90_L2_GROUP
+#define FUSED_MLP_SM90_L2_GROUP 4
+#endif
 
 // The hints the gated forward kind gets. Measured end to end (benchmarks/micro/
 // cache_hints_ab.py) they pay only in training (the kernel also writes g | u) when x and both
@@ -412,6 +421,14 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
         "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
         : "memory");
   }
+}
+
+// The same box, into L2 only (no shared memory, no barrier): kHintL2Ahead.
+__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap* map, int k, int row) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(k), "r"(row)
+               : "memory");
 }
 
 // The same load into the shared memory of every CTA of the cluster in cta_mask (same offset
@@ -1117,10 +1134,24 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       const uint32_t rank = kPair ? cluster_rank() : 0;
       uint32_t c = 0;
       long long waited = 0;
+      // kHintL2Ahead (the plain K-major weight loads only): the next chunk of K steps whose
+      // weight tiles L2 is asked for; G of them at a time, once the loop is within P steps.
+      constexpr int kAheadP = FUSED_MLP_SM90_L2_AHEAD, kAheadG = FUSED_MLP_SM90_L2_GROUP;
+      const bool ahead = !BNMajor && !kPair && (p.flags & kHintL2Ahead) != 0;
       for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN, kPair>(t, p, m0, n0);
+        int pf = kSt;  // the first kSt K steps are loaded at once anyway
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
+          if (ahead) {
+            for (; pf <= kb + kAheadP && pf < ksteps; pf += kAheadG) {
+#pragma unroll 1
+              for (int j = pf; j < pf + kAheadG && j < ksteps; ++j) {
+                tma_prefetch_l2(&map_g, j * kBK, n0);
+                tma_prefetch_l2(&map_u, j * kBK, kFwd ? n0 : n0 + BN);
+              }
+            }
+          }
           const int s = c % kSt;
           bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
           bar_expect_tx(&full[s], kStageBytes);
