@@ -15,8 +15,9 @@ times them alternately (triton do_bench median, L2 flushed between replays) for 
 
 --env NAME does the same A/B for another on / off switch the ops read at each call, e.g.
 FUSED_MLP_SM90_NARROW_DH (the narrow gated dh kind, session 12); "on" is the default (the
-variable unset), "off" NAME=0. Results may then differ in the last bit (different tiles), so
-only the hints A/B fails on a difference.
+variable unset), "off" NAME=0, or NAME=V with --off-value V (e.g. FUSED_MLP_SM90_GROUP_M=16,
+session 15). Results may then differ in the last bit (different tiles), so only the hints A/B
+fails on a difference.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ CASES = [
     ("mlp_gelu_tanh_m8192_d768_h3072_bf16_train", "mlp", "gelu_tanh", 8192, 768, 3072, True, True),
     ("swiglu_m4096_d4096_h14336_bf16", "gated", "silu", 4096, 4096, 14336, False, False),
     ("swiglu_m4096_d4096_h14336_bf16_train", "gated", "silu", 4096, 4096, 14336, False, True),
+    ("swiglu_m16384_d4096_h14336_bf16", "gated", "silu", 16384, 4096, 14336, False, False),
 ]
 
 
@@ -81,6 +83,7 @@ def main() -> None:
     p.add_argument("--cases", default=None, help="comma-separated substrings of case names")
     p.add_argument("--out", type=Path, default=None, help="JSON results")
     p.add_argument("--env", default=ENV, help="the switch to A/B (default: the cache hints)")
+    p.add_argument("--off-value", default="0", help="the value the 'off' side sets (default 0)")
     a = p.parse_args()
     fm, = local_package()
     rows = []
@@ -93,7 +96,7 @@ def main() -> None:
             if hints == "1":
                 os.environ.pop(a.env, None)
             else:
-                os.environ[a.env] = hints
+                os.environ[a.env] = a.off_value
             holder = {}
 
             def run(holder=holder):
@@ -117,7 +120,7 @@ def main() -> None:
               flush=True)
         del replays, outs, call
         torch.cuda.empty_cache()
-    write_report(a.out, rows, switch=a.env)
+    write_report(a.out, rows, switch=a.env, off_value=a.off_value)
     if a.env == ENV and not all(r["bit_identical"] for r in rows):
         raise SystemExit("[hints] results differ with and without the hints")
 

@@ -11,8 +11,8 @@
 // pre for training): GeGLU d768 with and without pre (and with biases), SwiGLU M 4096 with
 // and without pre; then the plain forward kind (act(x W1^T + b1), and x W1^T + b1 into pre
 // for training) at d768; then SwiGLU M 128 and 512 (inference, 112-column tiles).
-// PROBE_L2_AHEAD=1 (environment) sets the kHintL2Ahead flag of the forward kinds;
-// PROBE_SHAPES=swiglu_m128,geglu_d768 runs only the forward shapes named.
+// PROBE_SHAPES=swiglu_m128,geglu_d768 (environment) runs only the forward shapes named;
+// PROBE_GROUP_M=n sets the row blocks that walk the columns together (Params::group_m).
 //
 // -DPROBE_DH_BN=64 times the narrow gated dh kind (128 x 128 tiles, g | u TMA-loaded; session
 // 12) instead of the wide one. PROBE_MORE_K=1 (environment) adds two dh shapes with K = 1024
@@ -76,11 +76,15 @@ static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_r
 // Params::flags (cache hints) as the ops set them (s::gated_forward_hints for the gated
 // forward, none for the other kinds); PROBE_HINTS=0/1/2/3 overrides (bit 0 evict-first stores
 // of the gated forward epilogue, bit 1 evict-last TMA loads).
-// PROBE_L2_AHEAD=1 adds bit 2 (s::kHintL2Ahead: L2 prefetches of later K steps' weight tiles).
+// PROBE_GROUP_M=n: Params::group_m (row blocks walking the columns together), else its default.
+static int probe_group_m() {
+  const char* v = std::getenv("PROBE_GROUP_M");
+  return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : s::kGroupM;
+}
+
 static uint32_t probe_flags(uint32_t op_default) {
   const char* v = std::getenv("PROBE_HINTS");
-  const uint32_t f = v != nullptr ? static_cast<uint32_t>(std::atoi(v)) : op_default;
-  return std::getenv("PROBE_L2_AHEAD") != nullptr ? (f | s::kHintL2Ahead) : f;
+  return v != nullptr ? static_cast<uint32_t>(std::atoi(v)) : op_default;
 }
 
 // PROBE_SHAPES=a,b (environment): only the forward shapes whose names are in the list.
@@ -290,6 +294,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
   p.K = K;
   p.tiles_m = (M + s::kBM - 1) / s::kBM;
   p.tiles_n = (N + 2 * BN - 1) / (2 * BN);
+  p.group_m = probe_group_m();
   p.flags = probe_flags(0);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -386,6 +391,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   p.K = K;
   p.tiles_m = (M + s::kBM - 1) / s::kBM;
   p.tiles_n = (N + (Plain ? 2 * BN : BN) - 1) / (Plain ? 2 * BN : BN);
+  p.group_m = probe_group_m();
   p.flags = probe_flags(Plain ? 0u : s::gated_forward_hints(train, 2 * (int64_t(M) * K + 2 * int64_t(N) * K)));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -483,6 +489,7 @@ int main(int argc, char** argv) {
     // the weight-streaming shapes, with the 112-column tiles the op picks there
     run_fwd<Activation::kSilu, false, 112>(label, "swiglu_m128", 128, 4096, 14336, false, false);
     run_fwd<Activation::kSilu, false, 112>(label, "swiglu_m512", 512, 4096, 14336, false, false);
+    run_fwd<Activation::kSilu>(label, "swiglu_m16384", 16384, 4096, 14336, false, false);
     return 0;
   }
   const bool inplace = argc > 2 && std::string(argv[2]) == "inplace";

@@ -104,6 +104,13 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
   return cost(112) < cost(128) ? 112 : 128;
 }
 
+// Params::group_m: FUSED_MLP_SM90_GROUP_M (a positive integer) where set, else the default.
+int group_m_setting() {
+  const char* v = std::getenv("FUSED_MLP_SM90_GROUP_M");
+  const int g = v != nullptr ? std::atoi(v) : 0;
+  return g > 0 ? g : kGroupM;
+}
+
 template <typename T, Activation A, int BN, Epi E, bool BNMajor = false>
 void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb1, Params p, cudaStream_t stream,
             int device) {
@@ -116,6 +123,7 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb
   }
   constexpr int kTileN = E == Epi::kGatedFwd ? BN : 2 * BN;
   p.tiles_n = (p.N + kTileN - 1) / kTileN;
+  p.group_m = group_m_setting();
   const int tiles = p.tiles_m * p.tiles_n;
   const int grid = std::min(tiles, sm_count(device));
   kernel<<<grid, threads<E, BN>(), kSmem, stream>>>(ma, mb0, mb1, p);

@@ -66,7 +66,7 @@ constexpr int kBK = 64;   // K per stage: 64 x 2 bytes = one 128-byte swizzle ro
 #define FUSED_MLP_SM90_STAGES 3  // an experiment switch (see below): 2 frees 48 KB of shared memory
 #endif
 constexpr int kStages = FUSED_MLP_SM90_STAGES;
-constexpr int kGroupM = 8;  // tiles of 8 row blocks walk the columns together (L2 reuse)
+constexpr int kGroupM = 8;  // Params::group_m's default (below)
 constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 
 #ifndef FUSED_MLP_SM90_GU_ROWS
@@ -149,6 +149,10 @@ struct Params {
   int M, N, K;
   int tiles_m, tiles_n;
   uint32_t flags = 0;  // kHint* below
+  // Row blocks that walk the columns together (tile_coords): the weight tiles are read from
+  // DRAM about tiles_m / group_m times, the x rows of a group stay in L2. The op sets it from
+  // FUSED_MLP_SM90_GROUP_M (an experiment switch; NOTES, session 15), else kGroupM.
+  int group_m = kGroupM;
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* clocks = nullptr;  // [gridDim.x * kClockSlots]
 #endif
@@ -163,16 +167,7 @@ struct Params {
 // (the wide epilogue, of the plain forward and dh kinds, stores without hints: no gain end to
 // end for the one, none in the probe for the other, and the branch cost dh registers; the
 // narrow dh kind measured none either: 94.5-96.3 us with any of them, session 12).
-//   kHintL2Ahead    the producer also asks L2 for the weight tiles of later K steps
-//                   (FUSED_MLP_SM90_L2_AHEAD steps ahead, FUSED_MLP_SM90_L2_GROUP at a time;
-//                   an experiment for the weight-streaming shapes, M <= 512: NOTES, session 15)
-constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u, kHintL2Ahead = 4u;
-#ifndef FUSED_MLP_SM90_L2_AHEAD
-#define FUSED_MLP_SM90_L2_AHEAD 8
-#endif
-#ifndef FUSED_MLP_SM90_L2_GROUP
-#define FUSED_MLP_SM90_L2_GROUP 4
-#endif
+constexpr uint32_t kHintStream = 1u, kHintEvictLast = 2u;
 
 // The hints the gated forward kind gets. Measured end to end (benchmarks/micro/
 // cache_hints_ab.py) they pay only in training (the kernel also writes g | u) when x and both
@@ -421,14 +416,6 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
         "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row)
         : "memory");
   }
-}
-
-// The same box, into L2 only (no shared memory, no barrier): kHintL2Ahead.
-__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap* map, int k, int row) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(k), "r"(row)
-               : "memory");
 }
 
 // The same load into the shared memory of every CTA of the cluster in cta_mask (same offset
@@ -726,9 +713,9 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   const int rank = kPair ? t % 2 : 0;  // paired kinds (CLUSTER): t / 2 is the pair, of 256 rows
   if constexpr (kPair) t /= 2;
   const int tiles_m = kPair ? (p.tiles_m + 1) / 2 : p.tiles_m;
-  const int per_group = kGroupM * p.tiles_n;
-  const int first_m = (t / per_group) * kGroupM;
-  const int rows = min(tiles_m - first_m, kGroupM);
+  const int per_group = p.group_m * p.tiles_n;
+  const int first_m = (t / per_group) * p.group_m;
+  const int rows = min(tiles_m - first_m, p.group_m);
   const int r = t % per_group;
   m0 = (kPair ? 2 * (first_m + r % rows) + rank : first_m + r % rows) * kBM;
   n0 = (r / rows) * BN;
@@ -1134,24 +1121,10 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       const uint32_t rank = kPair ? cluster_rank() : 0;
       uint32_t c = 0;
       long long waited = 0;
-      // kHintL2Ahead (the plain K-major weight loads only): the next chunk of K steps whose
-      // weight tiles L2 is asked for; G of them at a time, once the loop is within P steps.
-      constexpr int kAheadP = FUSED_MLP_SM90_L2_AHEAD, kAheadG = FUSED_MLP_SM90_L2_GROUP;
-      const bool ahead = !BNMajor && !kPair && (p.flags & kHintL2Ahead) != 0;
       for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN, kPair>(t, p, m0, n0);
-        int pf = kSt;  // the first kSt K steps are loaded at once anyway
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
-          if (ahead) {
-            for (; pf <= kb + kAheadP && pf < ksteps; pf += kAheadG) {
-#pragma unroll 1
-              for (int j = pf; j < pf + kAheadG && j < ksteps; ++j) {
-                tma_prefetch_l2(&map_g, j * kBK, n0);
-                tma_prefetch_l2(&map_u, j * kBK, kFwd ? n0 : n0 + BN);
-              }
-            }
-          }
           const int s = c % kSt;
           bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
           bar_expect_tx(&full[s], kStageBytes);
