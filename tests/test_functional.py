@@ -920,6 +920,35 @@ def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
 
 
 @pytest.mark.gpu
+def test_gpu_sm90_group_m(fused_mlp, monkeypatch):
+    """FUSED_MLP_SM90_GROUP_M (row blocks that walk the columns together) changes the order of
+    the tiles, not what they compute: every setting, including groups that do not divide the 17
+    row blocks and a nonsense value (the default then), gives the default's bits, and the default
+    is right against float64."""
+    need_sm90(fused_mlp)
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    m, k, n = 2100, 256, 1000  # 17 row blocks, partial column tiles
+    gen = torch.Generator().manual_seed(31)
+    x = _rand(m, k, dtype=torch.bfloat16, device="cuda", gen=gen)
+    wg, wu = (_rand(n, k, dtype=torch.bfloat16, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
+
+    def run():
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        pre = torch.full((m, 2 * n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, None, None, pre, ids["silu"], 0)
+        return out, pre
+
+    monkeypatch.delenv("FUSED_MLP_SM90_GROUP_M", raising=False)
+    out, pre = run()
+    g, u = x.double() @ wg.double().t(), x.double() @ wu.double().t()
+    check(out.cpu(), (fused_mlp.activations.torch_activation("silu")(g) * u).cpu(), TOL[torch.bfloat16], "default")
+    for setting in ("1", "5", "8", "16", "64", "-3"):
+        monkeypatch.setenv("FUSED_MLP_SM90_GROUP_M", setting)
+        o, p = run()
+        assert torch.equal(o, out) and torch.equal(p, pre), f"FUSED_MLP_SM90_GROUP_M={setting}"
+
+
+@pytest.mark.gpu
 def test_gpu_sm90_is_dispatched_with_fallbacks(fused_mlp, monkeypatch):
     """On sm_90 the gated forward (inference and training) runs the sm_90a kernel; hidden
     sizes that are not multiples of 8, fp32, a misaligned x and FUSED_MLP_SM90=0 take the

@@ -66,7 +66,11 @@ constexpr int kBK = 64;   // K per stage: 64 x 2 bytes = one 128-byte swizzle ro
 #define FUSED_MLP_SM90_STAGES 3  // an experiment switch (see below): 2 frees 48 KB of shared memory
 #endif
 constexpr int kStages = FUSED_MLP_SM90_STAGES;
-constexpr int kGroupM = 8;  // Params::group_m's default (below)
+// Params::group_m's default (below). 16 rather than 8: at SwiGLU sizes, under sustained load,
+// the gated forward took 1-2% less time per launch (M 4096: 1496-1515 -> 1479-1483 us, M 16384
+// 5846-5869 -> 5781-5803) and the end-to-end A/B gave 0.997 / 0.998 / 0.969 (M 4096 forward,
+// training step, M 16384 forward); 32 and 4 were slower (NOTES, session 15).
+constexpr int kGroupM = 16;
 constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 
 #ifndef FUSED_MLP_SM90_GU_ROWS
