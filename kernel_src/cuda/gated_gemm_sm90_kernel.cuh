@@ -73,6 +73,9 @@ constexpr int kStages = FUSED_MLP_SM90_STAGES;
 constexpr int kGroupM = 16;
 constexpr int kTileBytesX = kBM * kBK * 2;  // 16 KB of x per stage
 
+#ifndef FUSED_MLP_SM90_PAIR_ISSUE
+#define FUSED_MLP_SM90_PAIR_ISSUE 0  // an experiment switch (the producer, below)
+#endif
 #ifndef FUSED_MLP_SM90_GU_ROWS
 #define FUSED_MLP_SM90_GU_ROWS 32
 #endif
@@ -1131,6 +1134,11 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kSt;
           bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
+#if FUSED_MLP_SM90_PAIR_ISSUE
+          // Experiment (probe only, NOTES session 15): K steps in pairs, both stages free before
+          // the first is issued, so each weight row's two 128-byte pieces are requested together.
+          if (kb % 2 == 0 && kb + 1 < ksteps) bar_wait_timed(&empty[(c + 1) % kSt], (((c + 1) / kSt) & 1) ^ 1, waited);
+#endif
           bar_expect_tx(&full[s], kStageBytes);
           uint8_t* st = smem + s * kStageBytes;
           tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
