@@ -350,6 +350,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
 template <Activation A, bool Plain = false, int BN = 128>
 static void run_fwd(const char* label, const char* shape, int M, int K, int N, bool train, bool bias) {
   if (!shape_selected(shape)) return;
+  if (s::h_only<s::Epi::kGatedFwd>() && train && !Plain) return;  // H_ONLY: inference only
   const int pre_cols = Plain ? N : 2 * N;
   std::mt19937 rng(4321);
   std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -102,13 +102,17 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 // Shared memory of a tile BN columns of h wide (BN = 128, or 112 where 128-column tiles
 // leave SMs idle: see pick_block_n; 64 for the narrow gated dh kind): Stages ring stages, the
 // staging tile, and GuBufs buffers of g | u (kGuRows rows of the tile's 2 BN columns each).
-template <int BN, int Stages = kStages, int GuBufs = 0>
+// HOnly (H_ONLY below): one staging tile instead of two, unpadded where BN = 128 (its rows' 16-byte
+// chunks are then XOR-swizzled instead, stg_chunk) so that four ring stages fit.
+template <int BN, int Stages = kStages, int GuBufs = 0, bool HOnly = false>
 struct Layout {
   static constexpr int kTileBytesW = BN * kBK * 2;                  // Wg or Wu per stage
   static constexpr int kStageBytes = kTileBytesX + 2 * kTileBytesW;  // 48 KB / 44 KB / 32 KB
-  static constexpr int kStgStride = BN + 8;   // staging row: 272 / 240 / 144 bytes, no bank conflicts
+  static constexpr bool kStgSwizzled = HOnly && BN == 128;
+  // staging row: 272 / 240 / 144 bytes, no bank conflicts (or 256, swizzled)
+  static constexpr int kStgStride = kStgSwizzled ? BN : BN + 8;
   static constexpr int kStgBytes = FUSED_MLP_SM90_PROBE_NOSTAGE ? 0 : kBM * kStgStride * 2;
-  static constexpr int kGuOffset = Stages * kStageBytes + 2 * kStgBytes;
+  static constexpr int kGuOffset = Stages * kStageBytes + (HOnly ? 1 : 2) * kStgBytes;
   static constexpr int kGuBufBytes = 2 * kGuRows * 2 * BN * 2;  // g rows, then u rows, unpadded
   static constexpr int kBarOffset = kGuOffset + GuBufs * kGuBufBytes;
   static constexpr int kBarBytes = 8 * (2 * Stages + 2 + 2 * GuBufs);
@@ -223,9 +227,23 @@ template <Epi E, int BN>
 __host__ __device__ constexpr bool gu_tma() {
   return E == Epi::kGatedDh && BN == 64 && FUSED_MLP_SM90_DH_TMA;
 }
+// FUSED_MLP_SM90_H_ONLY=1 (an experiment switch, the probe only; NOTES, session 15): the gated
+// forward kind for inference (pre == nullptr) has its MMA groups compute h = act(g) * u from
+// their accumulators and stage h alone, so the staging takes one tile and the ring
+// FUSED_MLP_SM90_H_ONLY_STAGES stages; the epilogue group only stores h.
+#ifndef FUSED_MLP_SM90_H_ONLY
+#define FUSED_MLP_SM90_H_ONLY 0
+#endif
+#ifndef FUSED_MLP_SM90_H_ONLY_STAGES
+#define FUSED_MLP_SM90_H_ONLY_STAGES 4
+#endif
+template <Epi E>
+__host__ __device__ constexpr bool h_only() {
+  return FUSED_MLP_SM90_H_ONLY && E == Epi::kGatedFwd;
+}
 template <Epi E, int BN>
 __host__ __device__ constexpr int ring_stages() {
-  return gu_tma<E, BN>() ? FUSED_MLP_SM90_NARROW_STAGES : kStages;
+  return gu_tma<E, BN>() ? FUSED_MLP_SM90_NARROW_STAGES : h_only<E>() ? FUSED_MLP_SM90_H_ONLY_STAGES : kStages;
 }
 template <Epi E, int BN>
 __host__ __device__ constexpr int gu_bufs() {
@@ -233,7 +251,14 @@ __host__ __device__ constexpr int gu_bufs() {
 }
 // The shared memory of a kind (the host's launch and the kernel both use it).
 template <Epi E, int BN>
-using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>()>;
+using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>(), h_only<E>()>;
+
+// 16-byte chunk `chunk` of row `row` of a staging tile of layout L at base.
+template <typename L, typename P>
+__device__ __forceinline__ P* stg_chunk(P* base, int row, int chunk) {
+  if constexpr (L::kStgSwizzled) return base + row * L::kStgStride + (chunk ^ (row & 7)) * 8;
+  else return base + row * L::kStgStride + chunk * 8;
+}
 
 // Which gated dh kind the host launches: the narrow one where the epilogue's bytes outweigh
 // the main loop's work, K (the model's dim) <= 768. Measured in the probe (NOTES, session
@@ -646,6 +671,25 @@ __device__ __forceinline__ float epilogue_act(float v) {
   }
 }
 
+// H_ONLY: as stage_pair, but of h = act(g) * u, with g and u (biases added) rounded to T first,
+// as the epilogue computes it from staged g and u: the same bits.
+template <typename T, Activation A, int N>
+__device__ __forceinline__ void stage_h(uint32_t addr, const float (&acc_g)[N], const float (&acc_u)[N], int j,
+                                        uint32_t bg0, uint32_t bg1, uint32_t bu0, uint32_t bu1) {
+  const float2 g0 = unpack2<T>(bg0), g1 = unpack2<T>(bg1), u0 = unpack2<T>(bu0), u1 = unpack2<T>(bu1);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 bg = i < 2 ? g0 : g1, bu = i < 2 ? u0 : u1;
+    const float2 g = unpack2<T>(pack2<T>(acc_g[8 * j + 2 * i] + bg.x, acc_g[8 * j + 2 * i + 1] + bg.y));
+    const float2 u = unpack2<T>(pack2<T>(acc_u[8 * j + 2 * i] + bu.x, acc_u[8 * j + 2 * i + 1] + bu.y));
+    w[i] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+  }
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 // (act(x), act'(x)) for the dh epilogue: the derivatives of the Triton backward
 // (triton_gemm._activation_and_grad), with its tanh.approx forms for the sigmoid-based ones;
 // silu and gelu_tanh rearranged into fewer floating-point operations (14 instead of 16 per
@@ -961,7 +1005,8 @@ template <typename T, Activation A, int BN, int kEpiThreads, int kArrivers>
 __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first, int t_end, uint32_t it0,
                                                    const T* stg_g, const T* stg_u, uint64_t* staged, uint64_t* freed,
                                                    int tid) {
-  constexpr int kChunks = BN / 8, kStgStride = Layout<BN>::kStgStride;
+  constexpr int kChunks = BN / 8;
+  using L = KindLayout<Epi::kGatedFwd, BN>;
   const bool cs = (p.flags & kHintStream) != 0;
   uint32_t it = it0;
   const long long start = clock_now();
@@ -978,8 +1023,13 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
     for (int e = tid; e < kBM * kChunks; e += kEpiThreads) {
       const int r = e / kChunks, chunk = e % kChunks;
       const int col = n0 + chunk * 8;
-      const uint4 gv = *reinterpret_cast<const uint4*>(stg_g + r * kStgStride + chunk * 8);
-      const uint4 uv = *reinterpret_cast<const uint4*>(stg_u + r * kStgStride + chunk * 8);
+      if constexpr (h_only<Epi::kGatedFwd>()) {  // h staged by the MMA groups: store it
+        const uint4 hv = *reinterpret_cast<const uint4*>(stg_chunk<L>(stg_g, r, chunk));
+        if (col < p.N && m0 + r < p.M) st16(static_cast<T*>(p.out) + (m0 + r) * p.ldo + col, hv, cs);
+        continue;
+      }
+      const uint4 gv = *reinterpret_cast<const uint4*>(stg_chunk<L>(stg_g, r, chunk));
+      const uint4 uv = *reinterpret_cast<const uint4*>(stg_chunk<L>(stg_u, r, chunk));
       const int m = m0 + r;
       if (col >= p.N || m >= p.M) continue;
       const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
@@ -1254,9 +1304,9 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       const int row = half * 64 + warp * 16 + (q & 1) * 8 + lane % 8;
 #pragma unroll
       for (int j = 0; j < (FUSED_MLP_SM90_PROBE_NOSTAGE ? 0 : BN / 16); ++j) {
-        const int col = (2 * j + (q >> 1)) * 8;
-        const uint32_t ag = smem_addr(stg_g + row * kStgStride + col);
-        const uint32_t au = smem_addr(stg_u + row * kStgStride + col);
+        const int chunk = 2 * j + (q >> 1);
+        const uint32_t ag = smem_addr(stg_chunk<L>(stg_g, row, chunk));
+        const uint32_t au = smem_addr(stg_chunk<L>(stg_u, row, chunk));
         // this thread's columns of n8 blocks 2 j and 2 j + 1 are words 8 j + lane % 4 and
         // that + 4: register j / 4, lanes 8 (j % 4) + lane % 4 (+ 4)
         const int l0 = 8 * (j % 4) + lane % 4;
@@ -1267,8 +1317,12 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
           bu0 = __shfl_sync(0xffffffffu, bias_w[2 + j / 4], l0);
           bu1 = __shfl_sync(0xffffffffu, bias_w[2 + j / 4], l0 + 4);
         }
-        stage_pair<T>(ag, acc_g, j, bg0, bg1);
-        stage_pair<T>(au, acc_u, j, bu0, bu1);
+        if constexpr (h_only<E>()) {
+          stage_h<T, A>(ag, acc_g, acc_u, j, bg0, bg1, bu0, bu1);
+        } else {
+          stage_pair<T>(ag, acc_g, j, bg0, bg1);
+          stage_pair<T>(au, acc_u, j, bu0, bu1);
+        }
       }
       bar_arrive(staged);
     }
