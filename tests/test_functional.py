@@ -949,6 +949,39 @@ def test_gpu_sm90_group_m(fused_mlp, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):
+    """FUSED_MLP_SM90_H_ONLY=1: inference with at most 4 row blocks takes the h-only kind (the
+    MMA groups stage h, 4 ring stages). It gives the default kind's bits (g and u are rounded
+    before the activation either way), is right against float64 with and without biases, at
+    both tile widths and at M = 1, odd sizes and M = 512; training (pre given) is unaffected."""
+    need_sm90(fused_mlp)
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    for i, (m, k, n) in enumerate([(1, 64, 8), (3, 200, 136), (300, 1000, 264), (512, 256, 1000)]):
+        for act, bias, block_n in (("silu", False, 0), ("gelu_tanh", True, 112), ("relu2", True, 128)):
+            gen = torch.Generator().manual_seed(40 + i)
+            x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
+            wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
+            bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
+                      else (None, None))
+            outs = {}
+            for setting in ("0", "1"):
+                monkeypatch.setenv("FUSED_MLP_SM90_H_ONLY", setting)
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, None, ids[act], block_n)
+                outs[setting] = out
+                pre = torch.full((m, 2 * n), float("nan"), dtype=dtype, device="cuda")
+                trained = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                fused_mlp.ops.gated_gemm_sm90(trained, x, wg, wu, bg, bu, pre, ids[act], block_n)
+                assert torch.equal(trained, outs["0"]), f"training output, FUSED_MLP_SM90_H_ONLY={setting}"
+            what = f"M={m} K={k} N={n} {act} bias={bias} block_n={block_n}"
+            assert torch.equal(outs["1"], outs["0"]), what
+            g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
+            u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+            check(outs["1"].cpu(), (fused_mlp.activations.torch_activation(act)(g) * u).cpu(), TOL[dtype], what)
+
+
+@pytest.mark.gpu
 def test_gpu_sm90_is_dispatched_with_fallbacks(fused_mlp, monkeypatch):
     """On sm_90 the gated forward (inference and training) runs the sm_90a kernel; hidden
     sizes that are not multiples of 8, fp32, a misaligned x and FUSED_MLP_SM90=0 take the

@@ -87,6 +87,11 @@ static uint32_t probe_flags(uint32_t op_default) {
   return v != nullptr ? static_cast<uint32_t>(std::atoi(v)) : op_default;
 }
 
+// -DPROBE_H_ONLY=1: the gated forward shapes run the h-only kind (Epi::kGatedFwdH; inference only).
+#ifndef PROBE_H_ONLY
+#define PROBE_H_ONLY 0
+#endif
+
 // PROBE_SHAPES=a,b (environment): only the forward shapes whose names are in the list.
 static bool shape_selected(const char* shape) {
   const char* v = std::getenv("PROBE_SHAPES");
@@ -350,7 +355,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
 template <Activation A, bool Plain = false, int BN = 128>
 static void run_fwd(const char* label, const char* shape, int M, int K, int N, bool train, bool bias) {
   if (!shape_selected(shape)) return;
-  if (s::h_only<s::Epi::kGatedFwd>() && train && !Plain) return;  // H_ONLY: inference only
+  if (PROBE_H_ONLY && train && !Plain) return;  // the h-only kind: inference only
   const int pre_cols = Plain ? N : 2 * N;
   std::mt19937 rng(4321);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -396,12 +401,13 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   p.flags = probe_flags(Plain ? 0u : s::gated_forward_hints(train, 2 * (int64_t(M) * K + 2 * int64_t(N) * K)));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  auto kernel = s::gated_gemm_kernel<bf16, A, BN, Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, false>;
-  constexpr int kSmem = s::KindLayout<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>::kSmemBytes;
-  constexpr int kThreadsFwd = s::threads<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd, BN>();
+  constexpr s::Epi kKind = Plain ? s::Epi::kPlainFwd : PROBE_H_ONLY ? s::Epi::kGatedFwdH : s::Epi::kGatedFwd;
+  auto kernel = s::gated_gemm_kernel<bf16, A, BN, kKind, false>;
+  constexpr int kSmem = s::KindLayout<kKind, BN>::kSmemBytes;
+  constexpr int kThreadsFwd = s::threads<kKind, BN>();
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  constexpr bool kPair = s::paired<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd>();
-  const int loop = s::loop_tiles<Plain ? s::Epi::kPlainFwd : s::Epi::kGatedFwd>(p);
+  constexpr bool kPair = s::paired<kKind>();
+  const int loop = s::loop_tiles<kKind>(p);
   int grid = std::min(loop, sms);
   // CLUSTER=2: clusters of two CTAs, as many as can be resident at once (the loop is persistent)
   cudaLaunchAttribute cluster_attr{};

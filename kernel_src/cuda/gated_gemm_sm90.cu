@@ -104,6 +104,15 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
   return cost(112) < cost(128) ? 112 : 128;
 }
 
+// The gated forward for inference takes the h-only kind (Epi::kGatedFwdH: 4 ring stages) where
+// x has at most this many row blocks of 128, if FUSED_MLP_SM90_H_ONLY=1 (off by default until
+// its GPU tests and end-to-end runs; the probe measured it, NOTES session 15).
+constexpr int64_t kHOnlyMaxRowBlocks = 4;
+bool use_h_only(bool training, int64_t row_blocks) {
+  const char* v = std::getenv("FUSED_MLP_SM90_H_ONLY");
+  return v != nullptr && v[0] == '1' && !training && row_blocks <= kHOnlyMaxRowBlocks;
+}
+
 // Params::group_m: FUSED_MLP_SM90_GROUP_M (a positive integer) where set, else the default.
 int group_m_setting() {
   const char* v = std::getenv("FUSED_MLP_SM90_GROUP_M");
@@ -121,7 +130,7 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     if (device < 64) smem_set[device] = true;
   }
-  constexpr int kTileN = E == Epi::kGatedFwd ? BN : 2 * BN;
+  constexpr int kTileN = gated_fwd(E) ? BN : 2 * BN;
   p.tiles_n = (p.N + kTileN - 1) / kTileN;
   p.group_m = group_m_setting();
   const int tiles = p.tiles_m * p.tiles_n;
@@ -197,14 +206,20 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mg = tensor_map(gate_weight, kBK, bn, "gate_weight"),
                     mu = tensor_map(up_weight, kBK, bn, "up_weight");
+  const bool h = use_h_only(pre.has_value(), p.tiles_m);
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
-    if (x.scalar_type() == at::kBFloat16) {
-      if (bn == 112) launch<__nv_bfloat16, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
-      else launch<__nv_bfloat16, kAct, 128, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
-    } else {
-      if (bn == 112) launch<__half, kAct, 112, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
-      else launch<__half, kAct, 128, Epi::kGatedFwd>(mx, mg, mu, p, stream, device);
-    }
+    auto go = [&](auto kind) {
+      constexpr Epi E = decltype(kind)::value;
+      if (x.scalar_type() == at::kBFloat16) {
+        if (bn == 112) launch<__nv_bfloat16, kAct, 112, E>(mx, mg, mu, p, stream, device);
+        else launch<__nv_bfloat16, kAct, 128, E>(mx, mg, mu, p, stream, device);
+      } else {
+        if (bn == 112) launch<__half, kAct, 112, E>(mx, mg, mu, p, stream, device);
+        else launch<__half, kAct, 128, E>(mx, mg, mu, p, stream, device);
+      }
+    };
+    if (h) go(std::integral_constant<Epi, Epi::kGatedFwdH>{});
+    else go(std::integral_constant<Epi, Epi::kGatedFwd>{});
   });
 }
 

@@ -130,7 +130,11 @@ struct Layout {
 // In the last three the two B operands of the main loop are the two BN-column halves of
 // one weight tile (K-major [N, K] rows, or for the dh kinds N-major [K, N] boxes: BNMajor),
 // and the two accumulators two halves of the output tile.
-enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3 };
+//   kGatedFwdH as kGatedFwd, inference only (no pre): the MMA groups compute h themselves and
+//              stage h alone, so the ring has 4 stages (H_ONLY_STAGES below)
+enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3, kGatedFwdH = 4 };
+// The gated forward kinds (the same main loop, tile and epilogue group's loop).
+__host__ __device__ constexpr bool gated_fwd(Epi e) { return e == Epi::kGatedFwd || e == Epi::kGatedFwdH; }
 
 // FUSED_MLP_SM90_PROBE_CLOCKS=1 (an experiment switch; the probe only): one thread of each role
 // adds up the SM clock cycles it spends waiting on each barrier and writes the sums, and its
@@ -227,19 +231,19 @@ template <Epi E, int BN>
 __host__ __device__ constexpr bool gu_tma() {
   return E == Epi::kGatedDh && BN == 64 && FUSED_MLP_SM90_DH_TMA;
 }
-// FUSED_MLP_SM90_H_ONLY=1 (an experiment switch, the probe only; NOTES, session 15): the gated
-// forward kind for inference (pre == nullptr) has its MMA groups compute h = act(g) * u from
-// their accumulators and stage h alone, so the staging takes one tile and the ring
-// FUSED_MLP_SM90_H_ONLY_STAGES stages; the epilogue group only stores h.
-#ifndef FUSED_MLP_SM90_H_ONLY
-#define FUSED_MLP_SM90_H_ONLY 0
-#endif
+// kGatedFwdH (NOTES, session 15): the MMA groups compute h = act(g) * u from their accumulators
+// (g and u rounded first, as the epilogue group does with staged g | u: the same bits) and stage
+// h alone, so the staging takes one tile and the ring FUSED_MLP_SM90_H_ONLY_STAGES stages; the
+// epilogue group only stores h. In the probe (burst, us): SwiGLU M 128 75.4 -> 71.2, M 512
+// 196.8 -> 161.8, M 4096 1318 -> 1247-1272 (but under sustained load 1469 -> 1479), GeGLU d768
+// 118 -> 123 (the activation on the MMA groups' path of a 12-step K loop costs more there than
+// the 4th stage gives). The host takes it for inference with few row blocks (h_only_rows).
 #ifndef FUSED_MLP_SM90_H_ONLY_STAGES
 #define FUSED_MLP_SM90_H_ONLY_STAGES 4
 #endif
 template <Epi E>
 __host__ __device__ constexpr bool h_only() {
-  return FUSED_MLP_SM90_H_ONLY && E == Epi::kGatedFwd;
+  return E == Epi::kGatedFwdH;
 }
 template <Epi E, int BN>
 __host__ __device__ constexpr int ring_stages() {
@@ -1001,19 +1005,19 @@ __device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, c
 // Item e = tid + kEpiThreads i covers columns [8 (e % C), + 8) of row e / C of the staged
 // tile (C = BN / 8 chunks per row): consecutive threads store consecutive 16 bytes of a row
 // of h (and of g | u into pre when training).
-template <typename T, Activation A, int BN, int kEpiThreads, int kArrivers>
+template <typename T, Activation A, int BN, Epi E, int kEpiThreads, int kArrivers>
 __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first, int t_end, uint32_t it0,
                                                    const T* stg_g, const T* stg_u, uint64_t* staged, uint64_t* freed,
                                                    int tid) {
   constexpr int kChunks = BN / 8;
-  using L = KindLayout<Epi::kGatedFwd, BN>;
+  using L = KindLayout<E, BN>;
   const bool cs = (p.flags & kHintStream) != 0;
   uint32_t it = it0;
   const long long start = clock_now();
   long long wait_staged = 0;
   for (int t = t_first; t < t_end; t += gridDim.x, ++it) {
     int m0, n0;
-    tile_coords<BN, paired<Epi::kGatedFwd>()>(t, p, m0, n0);
+    tile_coords<BN, paired<E>()>(t, p, m0, n0);
     bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
     if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
@@ -1023,7 +1027,7 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
     for (int e = tid; e < kBM * kChunks; e += kEpiThreads) {
       const int r = e / kChunks, chunk = e % kChunks;
       const int col = n0 + chunk * 8;
-      if constexpr (h_only<Epi::kGatedFwd>()) {  // h staged by the MMA groups: store it
+      if constexpr (h_only<E>()) {  // h staged by the MMA groups: store it
         const uint4 hv = *reinterpret_cast<const uint4*>(stg_chunk<L>(stg_g, r, chunk));
         if (col < p.N && m0 + r < p.M) st16(static_cast<T*>(p.out) + (m0 + r) * p.ldo + col, hv, cs);
         continue;
@@ -1065,8 +1069,8 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
 template <typename T, Activation A, int BN, Epi E, int kThreads, int kArrivers>
 __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int t_end, uint32_t it0, const T* stg_g,
                                                const T* stg_u, uint64_t* staged, uint64_t* freed, int tid) {
-  if constexpr (E == Epi::kGatedFwd)
-    gated_fwd_epilogue<T, A, BN, kThreads, kArrivers>(p, t_first, t_end, it0, stg_g, stg_u, staged, freed, tid);
+  if constexpr (gated_fwd(E))
+    gated_fwd_epilogue<T, A, BN, E, kThreads, kArrivers>(p, t_first, t_end, it0, stg_g, stg_u, staged, freed, tid);
   else
     wide_epilogue<T, A, BN, E, kThreads, kArrivers>(p, t_first, t_end, it0, stg_g, stg_u, staged, freed, tid);
 }
@@ -1084,7 +1088,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   constexpr bool kGu = gu_tma<E, BN>();
   constexpr int kGuBufs = gu_bufs<E, BN>();
   constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
-  constexpr bool kFwd = E == Epi::kGatedFwd;
+  constexpr bool kFwd = gated_fwd(E);
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
