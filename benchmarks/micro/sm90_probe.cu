@@ -10,7 +10,8 @@
 // "fwd" times the gated forward kind instead (h = act(x Wg^T) * (x Wu^T), and g | u into
 // pre for training): GeGLU d768 with and without pre (and with biases), SwiGLU M 4096 with
 // and without pre; then the plain forward kind (act(x W1^T + b1), and x W1^T + b1 into pre
-// for training) at d768; then SwiGLU M 128 and 512 (inference, 112-column tiles).
+// for training) at d768; then SwiGLU M 128 and 512 (inference, 112-column tiles) and M 16384
+// (inference). -DPROBE_H_ONLY=1 runs the gated shapes on the h-only kind (inference only).
 // PROBE_SHAPES=swiglu_m128,geglu_d768 (environment) runs only the forward shapes named;
 // PROBE_GROUP_M=n sets the row blocks that walk the columns together (Params::group_m).
 //

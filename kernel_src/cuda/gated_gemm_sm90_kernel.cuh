@@ -102,7 +102,7 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 // Shared memory of a tile BN columns of h wide (BN = 128, or 112 where 128-column tiles
 // leave SMs idle: see pick_block_n; 64 for the narrow gated dh kind): Stages ring stages, the
 // staging tile, and GuBufs buffers of g | u (kGuRows rows of the tile's 2 BN columns each).
-// HOnly (H_ONLY below): one staging tile instead of two, unpadded where BN = 128 (its rows' 16-byte
+// HOnly (the kGatedFwdH kind, below): one staging tile instead of two, unpadded where BN = 128 (its rows' 16-byte
 // chunks are then XOR-swizzled instead, stg_chunk) so that four ring stages fit.
 template <int BN, int Stages = kStages, int GuBufs = 0, bool HOnly = false>
 struct Layout {
@@ -237,7 +237,7 @@ __host__ __device__ constexpr bool gu_tma() {
 // epilogue group only stores h. In the probe (burst, us): SwiGLU M 128 75.4 -> 71.2, M 512
 // 196.8 -> 161.8, M 4096 1318 -> 1247-1272 (but under sustained load 1469 -> 1479), GeGLU d768
 // 118 -> 123 (the activation on the MMA groups' path of a 12-step K loop costs more there than
-// the 4th stage gives). The host takes it for inference with few row blocks (h_only_rows).
+// the 4th stage gives). The host takes it for inference with few row blocks (use_h_only).
 #ifndef FUSED_MLP_SM90_H_ONLY_STAGES
 #define FUSED_MLP_SM90_H_ONLY_STAGES 4
 #endif
@@ -675,7 +675,7 @@ __device__ __forceinline__ float epilogue_act(float v) {
   }
 }
 
-// H_ONLY: as stage_pair, but of h = act(g) * u, with g and u (biases added) rounded to T first,
+// kGatedFwdH: as stage_pair, but of h = act(g) * u, with g and u (biases added) rounded to T first,
 // as the epilogue computes it from staged g and u: the same bits.
 template <typename T, Activation A, int N>
 __device__ __forceinline__ void stage_h(uint32_t addr, const float (&acc_g)[N], const float (&acc_u)[N], int j,
