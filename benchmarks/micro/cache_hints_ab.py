@@ -40,6 +40,8 @@ CASES = [
     ("geglu_m8192_d768_h3072_bf16_train", "gated", "gelu_tanh", 8192, 768, 3072, False, True),
     ("mlp_gelu_tanh_m8192_d768_h3072_bf16", "mlp", "gelu_tanh", 8192, 768, 3072, True, False),
     ("mlp_gelu_tanh_m8192_d768_h3072_bf16_train", "mlp", "gelu_tanh", 8192, 768, 3072, True, True),
+    ("swiglu_m128_d4096_h14336_bf16", "gated", "silu", 128, 4096, 14336, False, False),
+    ("swiglu_m512_d4096_h14336_bf16", "gated", "silu", 512, 4096, 14336, False, False),
     ("swiglu_m4096_d4096_h14336_bf16", "gated", "silu", 4096, 4096, 14336, False, False),
     ("swiglu_m4096_d4096_h14336_bf16_train", "gated", "silu", 4096, 4096, 14336, False, True),
     ("swiglu_m16384_d4096_h14336_bf16", "gated", "silu", 16384, 4096, 14336, False, False),
