@@ -1097,7 +1097,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   constexpr bool kWideMma = (FUSED_MLP_SM90_WIDE_MMA != 0 && BN == 64) || k384;  // mma_both
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   T* stg_g = reinterpret_cast<T*>(smem + kSt * kStageBytes);
-  T* stg_u = stg_g + kBM * kStgStride;
+  T* stg_u = h_only<E>() ? nullptr : stg_g + kBM * kStgStride;  // the h-only kind stages h alone
   uint8_t* gu = smem + L::kGuOffset;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
   uint64_t* empty = full + kSt;
