@@ -89,6 +89,12 @@ bool switched_off(const char* name) {
   return v != nullptr && v[0] == '0';
 }
 
+// An experiment switch that is off unless set to 1.
+bool switched_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '1';
+}
+
 // gated_forward_hints (kernel header), unless FUSED_MLP_SM90_CACHE_HINTS=0.
 uint32_t gated_forward_flags(bool training, int64_t operand_bytes) {
   return switched_off("FUSED_MLP_SM90_CACHE_HINTS") ? 0u : gated_forward_hints(training, operand_bytes);
@@ -109,8 +115,7 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
 // its GPU tests and end-to-end runs; the probe measured it, NOTES session 15).
 constexpr int64_t kHOnlyMaxRowBlocks = 4;
 bool use_h_only(bool training, int64_t row_blocks) {
-  const char* v = std::getenv("FUSED_MLP_SM90_H_ONLY");
-  return v != nullptr && v[0] == '1' && !training && row_blocks <= kHOnlyMaxRowBlocks;
+  return !training && row_blocks <= kHOnlyMaxRowBlocks && switched_on("FUSED_MLP_SM90_H_ONLY");
 }
 
 // Params::group_m: FUSED_MLP_SM90_GROUP_M (a positive integer) where set, else the default.

@@ -102,8 +102,9 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 // Shared memory of a tile BN columns of h wide (BN = 128, or 112 where 128-column tiles
 // leave SMs idle: see pick_block_n; 64 for the narrow gated dh kind): Stages ring stages, the
 // staging tile, and GuBufs buffers of g | u (kGuRows rows of the tile's 2 BN columns each).
-// HOnly (the kGatedFwdH kind, below): one staging tile instead of two, unpadded where BN = 128 (its rows' 16-byte
-// chunks are then XOR-swizzled instead, stg_chunk) so that four ring stages fit.
+// HOnly (the kGatedFwdH kind, below): one staging tile instead of two, unpadded where BN = 128
+// (its rows' 16-byte chunks are then XOR-swizzled instead, stg_chunk), so that four ring stages
+// fit.
 template <int BN, int Stages = kStages, int GuBufs = 0, bool HOnly = false>
 struct Layout {
   static constexpr int kTileBytesW = BN * kBK * 2;                  // Wg or Wu per stage
@@ -636,6 +637,13 @@ __device__ __forceinline__ float2 unpack2(uint32_t v) {
   }
 }
 
+// Four 8 x 8 matrices of 16-bit values into shared memory; addr is this lane's row of its matrix.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&w)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 // Accumulators 8j .. 8j+7 (n8 blocks 2j and 2j+1 of the wgmma layout) plus their columns'
 // biases (bias0 / bias1: the thread's bf16 / fp16 pair in each block), rounded and stored
 // as four 8 x 8 matrices of the staging tile; addr is this lane's row of its matrix.
@@ -643,12 +651,11 @@ template <typename T, int N>
 __device__ __forceinline__ void stage_pair(uint32_t addr, const float (&acc)[N], int j, uint32_t bias0,
                                            uint32_t bias1) {
   const float2 b0 = unpack2<T>(bias0), b1 = unpack2<T>(bias1);
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-               "r"(pack2<T>(acc[8 * j + 0] + b0.x, acc[8 * j + 1] + b0.y)),
-               "r"(pack2<T>(acc[8 * j + 2] + b0.x, acc[8 * j + 3] + b0.y)),
-               "r"(pack2<T>(acc[8 * j + 4] + b1.x, acc[8 * j + 5] + b1.y)),
-               "r"(pack2<T>(acc[8 * j + 6] + b1.x, acc[8 * j + 7] + b1.y))
-               : "memory");
+  const uint32_t w[4] = {pack2<T>(acc[8 * j + 0] + b0.x, acc[8 * j + 1] + b0.y),
+                         pack2<T>(acc[8 * j + 2] + b0.x, acc[8 * j + 3] + b0.y),
+                         pack2<T>(acc[8 * j + 4] + b1.x, acc[8 * j + 5] + b1.y),
+                         pack2<T>(acc[8 * j + 6] + b1.x, acc[8 * j + 7] + b1.y)};
+  stmatrix_x4(addr, w);
 }
 
 __device__ __forceinline__ float tanh_approx(float v) {
@@ -680,18 +687,18 @@ __device__ __forceinline__ float epilogue_act(float v) {
 template <typename T, Activation A, int N>
 __device__ __forceinline__ void stage_h(uint32_t addr, const float (&acc_g)[N], const float (&acc_u)[N], int j,
                                         uint32_t bg0, uint32_t bg1, uint32_t bu0, uint32_t bu1) {
+  // Word by word (rounding all of g and u first holds more registers: erf-GELU at BN = 128
+  // then spilled 12 bytes).
   const float2 g0 = unpack2<T>(bg0), g1 = unpack2<T>(bg1), u0 = unpack2<T>(bu0), u1 = unpack2<T>(bu1);
-  uint32_t w[4];
+  uint32_t hw[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 bg = i < 2 ? g0 : g1, bu = i < 2 ? u0 : u1;
     const float2 g = unpack2<T>(pack2<T>(acc_g[8 * j + 2 * i] + bg.x, acc_g[8 * j + 2 * i + 1] + bg.y));
     const float2 u = unpack2<T>(pack2<T>(acc_u[8 * j + 2 * i] + bu.x, acc_u[8 * j + 2 * i + 1] + bu.y));
-    w[i] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+    hw[i] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
   }
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]),
-               "r"(w[2]), "r"(w[3])
-               : "memory");
+  stmatrix_x4(addr, hw);
 }
 
 // (act(x), act'(x)) for the dh epilogue: the derivatives of the Triton backward
