@@ -84,6 +84,20 @@ def spy(monkeypatch, mod, name: str, key) -> list:
     return calls
 
 
+def sm90_template_args(run) -> list:
+    """The template arguments of the one sm_90a kernel run() launches, as torch.profiler
+    names it: gated_gemm_kernel<T, Activation, BN, Epi, BNMajor> -> [T, ..., BNMajor]. For
+    choices whose results are bit-identical, where only the kernel's name tells them apart."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "gated_gemm_kernel<" in e.name]
+    assert len(names) == 1, names
+    return names[0].split("gated_gemm_kernel<", 1)[1].split(">", 1)[0].split(", ")
+
+
 def kernel_variants(cfg, tma_flags) -> list:
     """A Triton tile config as each kernel flavour the GPU test runs: pointer loads, and with
     True in tma_flags also TMA loads and the persistent TMA kernel."""

@@ -30,7 +30,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import kernel_variants, need_sm90, rel_err, spy
+from conftest import kernel_variants, need_sm90, rel_err, sm90_template_args, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float64: 1e-12}
@@ -1211,8 +1211,6 @@ def test_gpu_sm90_dact_narrow_is_dispatched(fused_mlp, monkeypatch):
     the wide one (BN = 128) above that or under FUSED_MLP_SM90_NARROW_DH=0: the kernel names
     torch.profiler records (their results are bit-identical, so only the names tell)."""
     need_sm90(fused_mlp)
-    from torch.profiler import ProfilerActivity, profile
-
     op = fused_mlp.ops.dact_gemm_sm90
     aid = fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"]
     bf = dict(device="cuda", dtype=torch.bfloat16)
@@ -1223,13 +1221,7 @@ def test_gpu_sm90_dact_narrow_is_dispatched(fused_mlp, monkeypatch):
         else:
             monkeypatch.setenv("FUSED_MLP_SM90_NARROW_DH", switch)
         dy, w, pre = torch.randn(256, k, **bf), torch.randn(k, 136, **bf), torch.randn(256, 272, **bf)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            op(torch.empty_like(pre), dy, w, pre, aid, True, True)
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if "gated_gemm_kernel<" in e.name]
-        assert len(names) == 1, names
-        # gated_gemm_kernel<T, Activation, BN, Epi, BNMajor>
-        return int(names[0].split("gated_gemm_kernel<", 1)[1].split(", ")[2])
+        return int(sm90_template_args(lambda: op(torch.empty_like(pre), dy, w, pre, aid, True, True))[2])
 
     assert launched_bn(768, None) == 64
     assert launched_bn(768, "0") == 128

@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from conftest import kernel_variants, need_sm90, rel_err, spy
+from conftest import kernel_variants, need_sm90, rel_err, sm90_template_args, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 # Relative (Frobenius) error bounds against the float64 reference.
@@ -952,11 +952,26 @@ def test_gpu_sm90_group_m(fused_mlp, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):
     """FUSED_MLP_SM90_H_ONLY=1: inference with at most 4 row blocks takes the h-only kind (the
-    MMA groups stage h, 4 ring stages). It gives the default kind's bits (g and u are rounded
-    before the activation either way), is right against float64 with and without biases, at
-    both tile widths and at M = 1, odd sizes and M = 512; training (pre given) is unaffected."""
+    MMA groups stage h, 4 ring stages; the kernel name's Epi argument tells, as the results are
+    the same bits), while training, 5 row blocks and the variable unset take the default kind.
+    The h-only kind gives the default kind's bits (g and u are rounded before the activation
+    either way) and is right against float64 with and without biases, at both tile widths and
+    at M = 1, odd sizes and M = 512; training (pre given) is unaffected."""
     need_sm90(fused_mlp)
     ids = fused_mlp.activations.ACTIVATION_IDS
+
+    def kind(m, setting, train):
+        if setting is None:
+            monkeypatch.delenv("FUSED_MLP_SM90_H_ONLY", raising=False)
+        else:
+            monkeypatch.setenv("FUSED_MLP_SM90_H_ONLY", setting)
+        x, w = torch.randn(m, 64, device="cuda", dtype=dtype), torch.randn(64, 64, device="cuda", dtype=dtype)
+        out = torch.empty(m, 64, device="cuda", dtype=dtype)
+        pre = torch.empty(m, 128, device="cuda", dtype=dtype) if train else None
+        epi = sm90_template_args(lambda: fused_mlp.ops.gated_gemm_sm90(out, x, w, w, None, None, pre, ids["silu"], 0))[3]
+        return int(epi.rsplit(")", 1)[-1])  # "(fused_mlp::sm90::Epi)4" -> 4 (kGatedFwdH), 0 (kGatedFwd)
+
+    assert [kind(512, "1", False), kind(513, "1", False), kind(512, "1", True), kind(512, None, False)] == [4, 0, 0, 0]
     for i, (m, k, n) in enumerate([(1, 64, 8), (3, 200, 136), (300, 1000, 264), (512, 256, 1000)]):
         for act, bias, block_n in (("silu", False, 0), ("gelu_tanh", True, 112), ("relu2", True, 128)):
             gen = torch.Generator().manual_seed(40 + i)
