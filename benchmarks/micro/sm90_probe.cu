@@ -80,7 +80,8 @@ static CUtensorMap map2d(void* base, int rows, int cols, int box_cols, int box_r
 // PROBE_GROUP_M=n: Params::group_m (row blocks walking the columns together), else its default.
 static int probe_group_m() {
   const char* v = std::getenv("PROBE_GROUP_M");
-  return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : s::kGroupM;
+  const int g = v != nullptr ? std::atoi(v) : 0;
+  return g > 0 ? g : s::kGroupM;
 }
 
 static uint32_t probe_flags(uint32_t op_default) {
