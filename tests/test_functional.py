@@ -951,10 +951,10 @@ def test_gpu_sm90_group_m(fused_mlp, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):
-    """FUSED_MLP_SM90_H_ONLY=1: inference with at most 4 row blocks takes the h-only kind (the
-    MMA groups stage h, 4 ring stages; the kernel name's Epi argument tells, as the results are
-    the same bits), while training, 5 row blocks and the variable unset take the default kind.
-    The h-only kind gives the default kind's bits (g and u are rounded before the activation
+    """Inference with at most 4 row blocks takes the h-only kind (the MMA groups stage h, 4 ring
+    stages; the kernel name's Epi argument tells, as the results are the same bits), while
+    training, 5 row blocks and FUSED_MLP_SM90_H_ONLY=0 take the kind that stages g and u.
+    The h-only kind gives the other kind's bits (g and u are rounded before the activation
     either way) and is right against float64 with and without biases, at both tile widths and
     at M = 1, odd sizes and M = 512; training (pre given) is unaffected."""
     need_sm90(fused_mlp)
@@ -971,7 +971,8 @@ def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):
         epi = sm90_template_args(lambda: fused_mlp.ops.gated_gemm_sm90(out, x, w, w, None, None, pre, ids["silu"], 0))[3]
         return int(epi.rsplit(")", 1)[-1])  # "(fused_mlp::sm90::Epi)4" -> 4 (kGatedFwdH), 0 (kGatedFwd)
 
-    assert [kind(512, "1", False), kind(513, "1", False), kind(512, "1", True), kind(512, None, False)] == [4, 0, 0, 0]
+    assert [kind(512, None, False), kind(1, "1", False), kind(513, None, False), kind(512, None, True),
+            kind(512, "0", False)] == [4, 4, 0, 0, 0]
     for i, (m, k, n) in enumerate([(1, 64, 8), (3, 200, 136), (300, 1000, 264), (512, 256, 1000)]):
         for act, bias, block_n in (("silu", False, 0), ("gelu_tanh", True, 112), ("relu2", True, 128)):
             gen = torch.Generator().manual_seed(40 + i)

@@ -89,12 +89,6 @@ bool switched_off(const char* name) {
   return v != nullptr && v[0] == '0';
 }
 
-// An experiment switch that is off unless set to 1.
-bool switched_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] == '1';
-}
-
 // gated_forward_hints (kernel header), unless FUSED_MLP_SM90_CACHE_HINTS=0.
 uint32_t gated_forward_flags(bool training, int64_t operand_bytes) {
   return switched_off("FUSED_MLP_SM90_CACHE_HINTS") ? 0u : gated_forward_hints(training, operand_bytes);
@@ -111,11 +105,12 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
 }
 
 // The gated forward for inference takes the h-only kind (Epi::kGatedFwdH: 4 ring stages) where
-// x has at most this many row blocks of 128, if FUSED_MLP_SM90_H_ONLY=1 (off by default until
-// its GPU tests and end-to-end runs; the probe measured it, NOTES session 15).
+// x has at most this many row blocks of 128, unless FUSED_MLP_SM90_H_ONLY=0. With more row
+// blocks the weights come mostly from L2 and the 4th stage buys nothing at the power limit,
+// while the activation on the MMA groups' path costs (NOTES, sessions 15 and 16).
 constexpr int64_t kHOnlyMaxRowBlocks = 4;
 bool use_h_only(bool training, int64_t row_blocks) {
-  return !training && row_blocks <= kHOnlyMaxRowBlocks && switched_on("FUSED_MLP_SM90_H_ONLY");
+  return !training && row_blocks <= kHOnlyMaxRowBlocks && !switched_off("FUSED_MLP_SM90_H_ONLY");
 }
 
 // Params::group_m: FUSED_MLP_SM90_GROUP_M (a positive integer) where set, else the default.
