@@ -3,9 +3,11 @@
 layout), in forms that give cuBLAS different problem shapes: F.linear as the MLP runs it
 (cuBLAS's m = D, n = M), the transposed product W @ h^T (m = M, n = D) with and without
 the copy back to [M, D], split-K as one strided-batched GEMM with fp32 partials and their sum
-(s = 2, 4, 7 parts of K), and, for reference only, against a [H, D] copy of the weight.
+(s = 2, 4, 7 parts of K), F.linear with a bias and with a zero bias (torch then calls
+cuBLASLt with its bias epilogue, a different kernel choice), and, for reference only,
+against a [H, D] copy of the weight.
 
-    python benchmarks/micro/down_gemm_forms.py [--out FILE]
+    python benchmarks/micro/down_gemm_forms.py [--m 128,512] [--shapes 4096x14336] [--forms SUBSTR,...] [--out FILE]
 
 Timing: triton.testing.do_bench, median, L2 flushed between runs; each form is checked
 against float64 first."""
@@ -35,25 +37,33 @@ def split_k(h: torch.Tensor, w: torch.Tensor, s: int) -> torch.Tensor:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--m", default="128,512", help="comma-separated token counts")
+    ap.add_argument("--shapes", default="4096x14336", help="comma-separated DxH (model dim x hidden)")
+    ap.add_argument("--forms", default=None, help="comma-separated substrings of the form names to time")
     args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = []
-    for m in (128, 512):
-        for d, h in ((4096, 14336),):
+    for m in (int(v) for v in args.m.split(",")):
+        for d, h in shapes:
             g = torch.Generator(device="cuda").manual_seed(m)
             x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16, generator=g)
             w = torch.randn(d, h, device="cuda", dtype=torch.bfloat16, generator=g) * h**-0.5
             b = torch.randn(d, device="cuda", dtype=torch.bfloat16, generator=g)
+            zeros = torch.zeros(d, device="cuda", dtype=torch.bfloat16)
             want = x.double() @ w.double().t()
             w_kn = w.t().contiguous()
             forms = {
                 "F.linear(h, W)": lambda: F.linear(x, w),
                 **{f"split-K {s} (bmm, fp32 partials) + sum": (lambda s=s: split_k(x, w, s)) for s in (2, 4, 7)},
                 "F.linear(h, W, b)": lambda: F.linear(x, w, b),
+                "F.linear(h, W, zeros)": lambda: F.linear(x, w, zeros),
                 "mm(W, h^T) (transposed result)": lambda: torch.mm(w, x.t()),
                 "mm(W, h^T).t().contiguous()": lambda: torch.mm(w, x.t()).t().contiguous(),
                 "mm(h, W_kn) (weight copy, reference only)": lambda: torch.mm(x, w_kn),
             }
             for name, fn in forms.items():
+                if args.forms and not any(f in name for f in args.forms.split(",")):
+                    continue
                 y = fn()
                 y = y.t() if "transposed result" in name else y
                 if "b)" in name:
@@ -61,7 +71,7 @@ def main() -> None:
                 err = rel_err(y, want)
                 us = median_us(fn)
                 rows.append({"m": m, "d": d, "h": h, "form": name, "us": us, "rel_err": err})
-                print(f"[down] m={m} {name:<42} {us:7.1f} us  err {err:.1e}", flush=True)
+                print(f"[down] m={m} {d}x{h} {name:<42} {us:7.1f} us  err {err:.1e}", flush=True)
     write_report(args.out, rows)
 
 
