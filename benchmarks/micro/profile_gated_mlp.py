@@ -1,8 +1,16 @@
 #!/usr/bin/env python3
-"""The GPU kernels of fused_mlp.gated_mlp at SwiGLU M 4096 (d 4096, h 14336, bf16) and their
-times, from torch.profiler over 10 calls with L2 flushed before each (a 256 MiB fill):
+"""The GPU kernels of one fused-mlp forward and their times, from torch.profiler over 10 calls
+with L2 flushed before each (a 256 MiB fill): each kernel's median time, the median idle gap
+between consecutive kernels of a call, and the median span of a call (first kernel's start to
+last kernel's end).
 
-    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/micro/profile_gated_mlp.py
+    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/micro/profile_gated_mlp.py \
+        [--case swiglu|plain] [--m M] [--graph]
+
+--case swiglu: fused_mlp.gated_mlp on the SwiGLU block (d 4096, h 14336, bf16; default M 4096);
+--case plain: fused_mlp.mlp on the post's GeLU-tanh block with biases (d 768, h 3072; M 8192).
+--graph profiles replays of a CUDA graph of the call (as bench_mlp.py's "graph" timing), so the
+gaps are the GPU's own, not the host's launch time.
 
 Ten calls are a short burst: the clocks are higher than under a sustained load (see
 power_clock.py), so these times are the kernels' own at burst clocks, not the benchmark's.
@@ -10,6 +18,7 @@ power_clock.py), so these times are the kernels' own at burst clocks, not the be
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -18,28 +27,63 @@ from kernels import get_kernel
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import swiglu_operands  # noqa: E402
+from _common import graphed, swiglu_operands  # noqa: E402
+
+
+def median(v: list[float]) -> float:
+    v = sorted(v)
+    return v[len(v) // 2] if v else float("nan")
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", choices=["swiglu", "plain"], default="swiglu")
+    ap.add_argument("--m", type=int, default=None, help="tokens (default 4096 for swiglu, 8192 for plain)")
+    ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays of the call")
+    a = ap.parse_args()
     fm = get_kernel("org/fused-mlp", version=1)
-    x, wg, wu, wd = swiglu_operands()
+    if a.case == "swiglu":
+        x, wg, wu, wd = swiglu_operands(m=a.m or 4096)
+        call = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")  # noqa: E731
+    else:
+        bf = dict(device="cuda", dtype=torch.bfloat16)
+        m, d, h = a.m or 8192, 768, 3072
+        x = torch.randn(m, d, **bf)
+        w1, b1 = torch.randn(h, d, **bf) * d**-0.5, torch.randn(h, **bf) * 0.1
+        w2, b2 = torch.randn(d, h, **bf) * h**-0.5, torch.randn(d, **bf) * 0.1
+        call = lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh")  # noqa: E731
+    step = graphed(call) if a.graph else call
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for _ in range(5):
-        fm.gated_mlp(x, wg, wu, wd, "silu")
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(10):
             flush.fill_(i)
-            fm.gated_mlp(x, wg, wu, wd, "silu")
+            step()
         torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    # Calls are delimited by the fill kernel that flushes L2 before each.
+    calls: list[list] = []
+    for e in kernels:
+        if "FillFunctor" in e.name:
+            calls.append([])
+        elif calls:
+            calls[-1].append(e)
     times: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            times.setdefault(e.name[:90], []).append(e.device_time)
+    gaps, spans = [], []
+    for ks in calls:
+        for e in ks:
+            times.setdefault(e.name[:90], []).append(e.time_range.end - e.time_range.start)
+        gaps += [b.time_range.start - p.time_range.end for p, b in zip(ks, ks[1:])]
+        if ks:
+            spans.append(ks[-1].time_range.end - ks[0].time_range.start)
+    print(f"# {a.case} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}: {len(calls)} calls, "
+          f"{median([len(ks) for ks in calls]):.0f} kernels each")
     for name, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
-        v.sort()
-        print(f"{name:<92} n={len(v):3d} median {v[len(v) // 2]:8.1f} us")
+        print(f"{name:<92} n={len(v):3d} median {median(v):8.1f} us")
+    print(f"gap between consecutive kernels: median {median(gaps):.1f} us (n={len(gaps)}); "
+          f"call span: median {median(spans):.1f} us")
 
 
 if __name__ == "__main__":
