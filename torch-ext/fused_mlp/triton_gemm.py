@@ -1154,15 +1154,7 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 def gated_mlp(x, gate_weight, up_weight, down_weight, activation_id, gate_bias, up_bias, down_bias):
     """The whole gated MLP: fused gate/up kernel, then cuBLAS for the down projection."""
     h = gated_linear(x, gate_weight, up_weight, gate_bias, up_bias, activation_id)
-    if down_bias is None and os.environ.get("FUSED_MLP_DOWN_ZERO_BIAS") == "1":  # experiment (session 16)
-        key = (h.device, h.dtype, down_weight.shape[0])
-        if key not in _ZEROS and not torch.cuda.is_current_stream_capturing():
-            _ZEROS[key] = torch.zeros(down_weight.shape[0], device=h.device, dtype=h.dtype)
-        down_bias = _ZEROS.get(key)
     return F.linear(h, down_weight, down_bias)
-
-
-_ZEROS = {}
 
 
 def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, weight_layout):
