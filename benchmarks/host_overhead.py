@@ -18,6 +18,12 @@ m8192 d768 h3072 bf16, ours (GeGLU, plain MLP) against eager, in loops of 20 ste
 enough that the launch queue never fills and blocks the host), and a cProfile of the plain
 MLP's steps by own time. bench_train.py --graph showed these steps' events timing 0.65 ms
 above their GPU time (session 3).
+
+--sync-check (with --train): each of those training steps once more under
+torch.cuda.set_sync_debug_mode("warn"), listing every synchronizing CUDA call PyTorch makes in
+it (a copy to the host, a stream or device synchronize) with the Python lines that made it.
+Session 17 measured ours' GeGLU step at ~1.2 ms of host time where its pieces add up to ~0.38
+and its GPU time is ~0.59: a hidden wait on the GPU would look like that.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ import io
 import os
 import pstats
 import time
+import traceback
+import warnings
+from pathlib import Path
 from unittest import mock
 
 import torch
@@ -64,8 +73,40 @@ def profile(fn, calls: int, say, title: str, by: str = "tottime", rows: int = 25
     say(s.getvalue()[:chars])
 
 
-def train_host_time(fm, say, detail: bool = False) -> None:
-    m, d, h, dt, dev = 8192, 768, 3072, torch.bfloat16, "cuda"
+def sync_check(steps: dict, say) -> None:
+    """Run each step once (after one warm-up run) with PyTorch warning at every synchronizing
+    CUDA call, and report them: the warning's text and the innermost Python frames that made
+    the call. Syncs inside Triton's launcher or cuBLAS are not seen, only PyTorch's own."""
+    say("## synchronizing CUDA calls per training step (torch.cuda.set_sync_debug_mode('warn'))")
+    for name, fn in steps.items():
+        fn()
+        torch.cuda.synchronize()
+        found: list[str] = []
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename][-3:]
+            found.append(f"{str(message)[:100]} <- " + " <- ".join(
+                f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames)))
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            shown, warnings.showwarning = warnings.showwarning, record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                warnings.showwarning = shown
+        torch.cuda.synchronize()
+        say(f"  {name:<36} {len(found)} synchronizing call(s)")
+        for f in found:
+            say(f"    {f}")
+
+
+def training_steps(fm, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> dict:
+    """One training step each (forward + backward, gradients set to None) of ours and eager's
+    gated and plain MLPs, as zero-argument calls."""
+    dt = torch.bfloat16
 
     def leaf(*shape, scale=1.0):
         return (torch.randn(*shape, device=dev, dtype=dt) * scale).requires_grad_()
@@ -92,6 +133,14 @@ def train_host_time(fm, say, detail: bool = False) -> None:
         "eager mlp (linear + gelu + linear)": step(lambda: F.linear(
             F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)),
     }
+    return steps
+
+
+def train_host_time(fm, say, detail: bool = False, sync: bool = False) -> None:
+    m, d, h = 8192, 768, 3072
+    steps = training_steps(fm, m, d, h)
+    if sync:
+        sync_check(steps, say)
     say(f"## training step host us/step (min of 3 loops of 20 steps), m{m} d{d} h{h} bf16")
     for name, fn in steps.items():
         say(f"  {name:<36} {host_us(fn, n=20):8.1f}")
@@ -185,6 +234,8 @@ def main() -> None:
                     help="with --train: the gated step without TMA, torch.profiler and cProfile by cumulative time")
     ap.add_argument("--train-pieces", action="store_true",
                     help="with --train: host time of each piece of the gated training step (see train_pieces)")
+    ap.add_argument("--sync-check", action="store_true",
+                    help="with --train: the synchronizing CUDA calls of each training step (see sync_check)")
     args = ap.parse_args()
     lines: list[str] = []
 
@@ -202,7 +253,7 @@ def main() -> None:
             train_pieces(fm, tg, disp, say)
             with mock.patch.dict(os.environ, {"FUSED_MLP_TMA": "0"}):
                 train_pieces(fm, tg, disp, say)
-        train_host_time(fm, say, args.train_detail)
+        train_host_time(fm, say, args.train_detail, args.sync_check)
         cases = {}
     else:
         cases = {"m128 d4096 h14336": (128, 4096, 14336), "m8192 d768 h3072": (8192, 768, 3072)}

@@ -10,6 +10,7 @@ import os
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -144,3 +145,32 @@ def test_host_overhead_train_pieces_dry_run(fused_mlp, monkeypatch):
     ho.train_pieces(fused_mlp, tg, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
     assert lines[0].startswith("## training step pieces") and len(lines) == len(ran) + 1 == 14
     assert all(line.rstrip().endswith("1.0") for line in lines[1:])
+
+
+def test_host_overhead_sync_check_reports_each_warned_sync(monkeypatch):
+    """sync_check counts the warnings PyTorch raises in sync-debug mode per step and names the
+    line that made each; the mode is switched on only around the checked run and off after it,
+    also when the step raises."""
+    ho = _load("host_overhead_sync_under_test", BENCH / "host_overhead.py")
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+    def syncing():
+        if modes and modes[-1] == "warn":  # as PyTorch: a warning only while the mode is on
+            warnings.warn("called a synchronizing CUDA operation")
+
+    def failing():
+        raise RuntimeError("step failed")
+
+    lines = []
+    ho.sync_check({"two syncs": lambda: (syncing(), syncing()), "none": lambda: None}, lines.append)
+    assert lines[0].startswith("## synchronizing CUDA calls")
+    assert lines[1].split() == ["two", "syncs", "2", "synchronizing", "call(s)"]
+    assert len(lines) == 5 and all("called a synchronizing CUDA operation <- " in ln for ln in lines[2:4])
+    assert "test_benchmark_scripts.py:" in lines[2]
+    assert lines[4].split() == ["none", "0", "synchronizing", "call(s)"]
+    assert modes == ["warn", "default", "warn", "default"]
+    with pytest.raises(RuntimeError, match="step failed"):
+        ho.sync_check({"fails": failing}, lines.append)
+    assert modes[-1] == "default"
