@@ -29,6 +29,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 if ! $PY -c "import kernels, liger_kernel" 2>/dev/null; then
   # kernels and liger-kernel are not in the image; their dependencies are.
   $PY -m pip install -q --no-deps --no-index .wheels/kernels-*.whl .wheels/liger_kernel-*.whl .wheels/tomlkit-*.whl 2>&1 | tail -2 | tee -a "$LOG"
+  if ! $PY -c "import kernels" 2>/dev/null; then
+    # Without kernels the build stops at its metadata check and no test can load the package.
+    echo "kernels is not importable: copy ../shared/wheels/*.whl and tomlkit's wheel into .wheels/ and carry .wheels" | tee -a "$LOG"
+    exit 1
+  fi
 fi
 $PY -c "import torch, triton, kernels, transformers, huggingface_hub as h; print('torch', torch.__version__, 'triton', triton.__version__, 'kernels', kernels.__version__, 'transformers', transformers.__version__, 'hf_hub', h.__version__)" 2>&1 | tee -a "$LOG"
 
@@ -47,7 +52,7 @@ if has build; then
   step build
   if ! has matrix; then
     $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1
-    grep "^\[build\]\|error" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
+    grep -i "^\[build\]\|error\|traceback" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
     rm -f "$OUT/build_full.txt"
   fi
   $PY tools/stage_cache.py --cache "$KERNELS_CACHE" 2>&1 | tee -a "$LOG"
