@@ -51,8 +51,13 @@ fi
 if has build; then
   step build
   if ! has matrix; then
-    $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1
-    grep -i "^\[build\]\|error\|traceback" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
+    if ! $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1; then
+      # A failed build must not go on to stage (and test) whatever build/ held before.
+      echo "build failed:" | tee -a "$LOG"
+      tail -30 "$OUT/build_full.txt" | tee -a "$LOG"
+      exit 1
+    fi
+    grep "^\[build\]\|error" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
     rm -f "$OUT/build_full.txt"
   fi
   $PY tools/stage_cache.py --cache "$KERNELS_CACHE" 2>&1 | tee -a "$LOG"
