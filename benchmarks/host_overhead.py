@@ -22,6 +22,11 @@ above their GPU time (session 3).
 --sync-check (with --train): each of those training steps once more under
 torch.cuda.set_sync_debug_mode("warn"), listing every synchronizing CUDA call PyTorch makes in
 it (a copy to the host, a stream or device synchronize) with the Python lines that made it.
+Session 18 found none.
+
+--blocking-check (with --train): each step's host time as is, behind a GPU sleep, and at a
+small M (blocking_check): whether that host time is waiting on the GPU by another route (a
+call that blocks without PyTorch's sync check seeing it).
 Session 17 measured ours' GeGLU step at ~1.2 ms of host time where its pieces add up to ~0.38
 and its GPU time is ~0.59: a hidden wait on the GPU would look like that.
 """
@@ -84,6 +89,8 @@ def sync_check(steps: dict, say) -> None:
         found: list[str] = []
 
         def record(message, category, filename, lineno, file=None, line=None):
+            if "prototype feature" in str(message):
+                return  # set_sync_debug_mode's own notice, not a synchronizing call
             frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename][-3:]
             found.append(f"{str(message)[:100]} <- " + " <- ".join(
                 f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames)))
@@ -101,6 +108,122 @@ def sync_check(steps: dict, say) -> None:
         say(f"  {name:<36} {len(found)} synchronizing call(s)")
         for f in found:
             say(f"    {f}")
+
+
+def blocking_check(fm, say, steps: dict, sleep_ms: float = 20.0) -> None:
+    """Does a step's host time depend on the GPU? Each step's loop of 20 timed three ways:
+    as is; behind a GPU sleep of `sleep_ms` queued first (a call that waits for the GPU then
+    waits for the sleep too, and the loop's time grows by up to sleep_ms; pure host work does
+    not); and the same steps at m 256, where the GPU work is ~30x smaller (host work per
+    step is the same at both sizes; time that scales with M is waiting)."""
+    rate = torch.cuda.get_device_properties(0).clock_rate * 1e3  # Hz; the sleep counts cycles
+    cycles = int(sleep_ms * 1e-3 * rate)
+
+    def loop(fn, sleep: bool) -> float:
+        best = float("inf")
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if sleep:
+                torch.cuda._sleep(cycles)
+            for _ in range(20):
+                fn()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            best = min(best, (t1 - t0) / 20 * 1e6)
+        return best
+
+    small = training_steps(fm, m=256)
+    say(f"## host us/step: as is / behind a {sleep_ms:.0f} ms GPU sleep (waits add up to "
+        f"{sleep_ms * 1e3 / 20:.0f} us/step) / at m 256")
+    for name, fn in steps.items():
+        for f in (fn, small[name]):
+            f()
+        say(f"  {name:<36} {loop(fn, False):8.1f} {loop(fn, True):8.1f} {loop(small[name], False):8.1f}")
+
+
+def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072) -> None:
+    """Where the gated step's host time goes between its pieces (~0.38 ms called one by one on
+    this thread) and the whole step (~1.1 ms): the same backward called directly on this
+    thread against through autograd's engine (which runs CUDA nodes on its own device
+    thread); a do-nothing autograd Function's step with k small torch ops in its backward
+    (the engine's cost per step and per op there) against the same k ops on this thread and on
+    a plain Python thread; and torch.profiler's CPU self time of the direct path."""
+    import threading
+
+    tb = importlib.import_module(fm.__name__ + ".triton_backward")
+    dt = torch.bfloat16
+    x = torch.randn(m, d, device="cuda", dtype=dt)
+    wg, wu = (torch.randn(h, d, device="cuda", dtype=dt) * d**-0.5 for _ in range(2))
+    wd = torch.randn(d, h, device="cuda", dtype=dt) * h**-0.5
+    dy = torch.randn(m, d, device="cuda", dtype=dt)
+    leaves = [t.clone().requires_grad_() for t in (x, wg, wu, wd)]
+    every = tb.NEED_DX | tb.NEED_DW_IN | tb.NEED_DW_OUT
+
+    def engine():
+        for p in leaves:
+            p.grad = None
+        fm.gated_mlp(*leaves, "gelu_tanh").backward(dy)
+
+    def direct():
+        _, gu_s, h_s = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
+        disp.gated_mlp_backward(dy, x, wg, wu, wd, "gelu_tanh", None, None, gu_s, h_s, every, True, path="triton")
+
+    small = torch.randn(64, 64, device="cuda")
+
+    class Toy(torch.autograd.Function):
+        k = 0
+
+        @staticmethod
+        def forward(ctx, a):
+            return a.view_as(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            for _ in range(Toy.k):
+                torch.mm(small, small)
+            return g
+
+    leaf = torch.randn(64, 64, device="cuda", requires_grad=True)
+    seed = torch.ones(64, 64, device="cuda")
+
+    def toy():
+        leaf.grad = None
+        Toy.apply(leaf).backward(seed)
+
+    def ops_here():
+        for _ in range(Toy.k):
+            torch.mm(small, small)
+
+    def ops_thread() -> float:  # us per loop of k ops, on a new Python thread
+        res = []
+
+        def body():
+            torch.cuda.set_device(0)
+            res.append(host_us(ops_here, n=20))
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+        return res[0]
+
+    say(f"## engine check, host us/step (min of 3 loops of 20), m{m} d{d} h{h} bf16")
+    say(f"  ours gated step through the engine          {host_us(engine, n=20):8.1f}")
+    say(f"  the same forward + backward called directly  {host_us(direct, n=20):8.1f}")
+    for k in (0, 20):
+        Toy.k = k
+        say(f"  toy Function step, {k:2d} small mm in backward  {host_us(toy, n=20):8.1f}   "
+            f"the {k} mm here {host_us(ops_here, n=20):7.1f}, on a Python thread {ops_thread():7.1f}")
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    for name, fn in (("direct", direct), ("through the engine", engine)):
+        fn()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+        say(f"## torch.profiler, 10 gated steps {name}, CPU self time")
+        say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
 
 
 def training_steps(fm, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> dict:
@@ -136,11 +259,13 @@ def training_steps(fm, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "c
     return steps
 
 
-def train_host_time(fm, say, detail: bool = False, sync: bool = False) -> None:
+def train_host_time(fm, say, detail: bool = False, sync: bool = False, blocking: bool = False) -> None:
     m, d, h = 8192, 768, 3072
     steps = training_steps(fm, m, d, h)
     if sync:
         sync_check(steps, say)
+    if blocking:
+        blocking_check(fm, say, steps)
     say(f"## training step host us/step (min of 3 loops of 20 steps), m{m} d{d} h{h} bf16")
     for name, fn in steps.items():
         say(f"  {name:<36} {host_us(fn, n=20):8.1f}")
@@ -236,6 +361,10 @@ def main() -> None:
                     help="with --train: host time of each piece of the gated training step (see train_pieces)")
     ap.add_argument("--sync-check", action="store_true",
                     help="with --train: the synchronizing CUDA calls of each training step (see sync_check)")
+    ap.add_argument("--blocking-check", action="store_true",
+                    help="with --train: whether each step's host time waits on the GPU (see blocking_check)")
+    ap.add_argument("--engine-check", action="store_true",
+                    help="with --train: the gated step through autograd's engine against called directly (see engine_check)")
     args = ap.parse_args()
     lines: list[str] = []
 
@@ -253,7 +382,9 @@ def main() -> None:
             train_pieces(fm, tg, disp, say)
             with mock.patch.dict(os.environ, {"FUSED_MLP_TMA": "0"}):
                 train_pieces(fm, tg, disp, say)
-        train_host_time(fm, say, args.train_detail, args.sync_check)
+        if args.engine_check:
+            engine_check(fm, disp, say)
+        train_host_time(fm, say, args.train_detail, args.sync_check, args.blocking_check)
         cases = {}
     else:
         cases = {"m128 d4096 h14336": (128, 4096, 14336), "m8192 d768 h3072": (8192, 768, 3072)}
@@ -269,8 +400,13 @@ def main() -> None:
             fm.gated_mlp(x, wg, wu, wd, "gelu_tanh")  # tunes
             torch.cuda.synchronize()
             tma_ok = tg._tma_compatible(x, wg, wu)
-            cfg = tg._pick_config(x, h, True, tma_ok, None)
             out = torch.empty(m, h, device=dev, dtype=dt)
+
+            def launch(c, x=x, wg=wg, wu=wu, out=out, act=act):
+                return tg._launch(c, x, wg, wu, False, None, None, out, act)
+            # gated_mlp at these sizes may run the sm90 CUDA kernel, which leaves Triton's
+            # config cache empty: _pick_config then tunes with this launch
+            cfg = tg._pick_config(x, h, True, tma_ok, launch)
             layers = {
                 "eager (3 linear + gelu + mul)": lambda: F.linear(
                     F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd),
@@ -282,7 +418,7 @@ def main() -> None:
                 f"_launch (cfg tma={cfg.tma})": lambda: tg._launch(cfg, x, wg, wu, False, None, None, out, act),
                 "_launch (pointer cfg)": lambda: tg._launch(cfg._replace(tma=False), x, wg, wu, False,
                                                             None, None, out, act),
-                "_pick_config (cached)": lambda: tg._pick_config(x, h, True, tma_ok, None),
+                "_pick_config (cached)": lambda: tg._pick_config(x, h, True, tma_ok, launch),
                 "_tma_compatible": lambda: tg._tma_compatible(x, wg, wu),
                 "dispatch.choose": lambda: disp.choose(x, "gated", (wg, wu, wd), h),
                 "torch.empty [M, H]": lambda: torch.empty((m, h), device=x.device, dtype=x.dtype),
