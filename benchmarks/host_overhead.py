@@ -39,6 +39,7 @@ import importlib
 import io
 import os
 import pstats
+import statistics
 import time
 import traceback
 import warnings
@@ -206,9 +207,90 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072) -> N
         t.join()
         return res[0]
 
-    say(f"## engine check, host us/step (min of 3 loops of 20), m{m} d{d} h{h} bf16")
-    say(f"  ours gated step through the engine          {host_us(engine, n=20):8.1f}")
-    say(f"  the same forward + backward called directly  {host_us(direct, n=20):8.1f}")
+    _, gu0, h0 = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
+
+    def backward_only():
+        disp.gated_mlp_backward(dy, x, wg, wu, wd, "gelu_tanh", None, None, gu0, h0, every, False, path="triton")
+
+    class Wrapped(torch.autograd.Function):
+        """The direct backward (on tensors saved outside) as a Function's backward: the same
+        work inside the engine, without the op's own forward / backward wrappers."""
+
+        @staticmethod
+        def forward(ctx, a):
+            return a.view_as(a)
+
+        prof = None
+
+        @staticmethod
+        def backward(ctx, g):
+            if Wrapped.prof is not None:
+                Wrapped.prof.enable()
+            backward_only()
+            if Wrapped.prof is not None:
+                Wrapped.prof.disable()
+            return g
+
+    wleaf = torch.randn(64, 64, device="cuda", requires_grad=True)
+    wseed = torch.ones(64, 64, device="cuda")
+
+    def wrapped():
+        wleaf.grad = None
+        Wrapped.apply(wleaf).backward(wseed)
+
+    def on_thread(fn) -> float:
+        res = []
+
+        def body():
+            torch.cuda.set_device(0)
+            res.append(host_us(fn, n=20))
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+        return res[0]
+
+    x_only = [leaves[0]] + [t.detach() for t in leaves[1:]]
+
+    def engine_x_only():
+        x_only[0].grad = None
+        fm.gated_mlp(*x_only, "gelu_tanh").backward(dy)
+
+    def forward_only():
+        fm.gated_mlp(*leaves, "gelu_tanh")
+
+    variants = {
+        "ours gated step through the engine": engine,
+        "the same forward + backward called directly": direct,
+        "ours step, only x needing a gradient": engine_x_only,
+        "ours forward alone (grad on, graph dropped)": forward_only,
+        "the direct backward alone": backward_only,
+        "the direct backward alone, on a Python thread": lambda: None,
+        "the direct backward in a toy Function, through the engine": wrapped,
+    }
+    rounds: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(5):  # interleaved rounds: this host's timings drift by 1.5x within a run
+        for k, fn in variants.items():
+            rounds[k].append(on_thread(backward_only) if "Python thread" in k else host_us(fn, n=20))
+    say(f"## engine check, host us/step (median of 5 interleaved rounds, each the min of 3 loops of 20), "
+        f"m{m} d{d} h{h} bf16")
+    for k, v in rounds.items():
+        say(f"  {k:<58} {statistics.median(v):8.1f}   rounds {' '.join(f'{t:.0f}' for t in v)}")
+    # the backward's calls, by own time, where they run: on this thread, and on the engine's
+    prof_here = cProfile.Profile()
+    prof_engine = cProfile.Profile()
+    Wrapped.prof = prof_engine
+    for _ in range(20):
+        prof_here.enable()
+        backward_only()
+        prof_here.disable()
+        wrapped()
+    torch.cuda.synchronize()
+    Wrapped.prof = None
+    for name, pr in (("on this thread", prof_here), ("inside the engine (a toy Function's backward)", prof_engine)):
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(14)
+        say(f"## cProfile of 20 direct backwards {name}, by own time")
+        say(out.getvalue()[:5000])
     for k in (0, 20):
         Toy.k = k
         say(f"  toy Function step, {k:2d} small mm in backward  {host_us(toy, n=20):8.1f}   "
