@@ -27,6 +27,11 @@ Session 18 found none.
 --blocking-check (with --train): each step's host time as is, behind a GPU sleep, and at a
 small M (blocking_check): whether that host time is waiting on the GPU by another route (a
 call that blocks without PyTorch's sync check seeing it).
+Session 18: it does not (results/host_overhead_h200_train_session18.txt).
+
+--engine-check (with --train): the gated step's host time through autograd's engine against
+its forward and backward called directly, and the engine's own cost (engine_check), in
+interleaved rounds: this host's timings drift too much for single loops to compare.
 Session 17 measured ours' GeGLU step at ~1.2 ms of host time where its pieces add up to ~0.38
 and its GPU time is ~0.59: a hidden wait on the GPU would look like that.
 """
