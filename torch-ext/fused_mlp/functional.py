@@ -161,6 +161,17 @@ def _on_rows(forward, x: Tensor, *args) -> Tensor:
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+def _rows(t: Tensor) -> Tensor:
+    """t as 2-D rows [M, last]: itself when it is 2-D already (a reshape that changes nothing
+    still costs a few microseconds of host time, five times per training step)."""
+    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
+
+
+def _unrows(t: Tensor, like: Tensor) -> Tensor:
+    """The 2-D result t [M, n] with like's leading dimensions: [..., n]."""
+    return t if like.dim() == 2 else t.reshape(*like.shape[:-1], t.shape[-1])
+
+
 def _eager_function(name: str, impl, setup_context, backward) -> type:
     """A torch.autograd.Function running a training op's implementation, setup_context and
     backward directly: what the op's registered autograd does, without the dispatcher round
@@ -220,15 +231,14 @@ def _gated_mlp_train_impl(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(y, g | u [M, 2H], h [M, H]); the last two are empty with recompute. up_weight None:
     gate_weight / gate_bias are the packed gate_up [2H, D] / [2H]."""
-    x2 = x.reshape(-1, x.shape[-1])
-    out_shape = (*x.shape[:-1], down_weight.shape[0])
+    x2 = _rows(x)
     if recompute:
         wg, wu, bg, bu = dispatch.split_gate_up(gate_weight, up_weight, gate_bias, up_bias)
         y = dispatch.gated_mlp_forward(x2, wg, wu, down_weight, activation, bg, bu, down_bias)
-        return y.reshape(out_shape), x.new_empty(0), x.new_empty(0)
+        return _unrows(y, x), x.new_empty(0), x.new_empty(0)
     y, gu, h = dispatch.gated_mlp_train_forward(
         x2, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
-    return y.reshape(out_shape), gu, h
+    return _unrows(y, x), gu, h
 
 
 _gated_mlp_train_op = torch.library.custom_op(add_op_namespace_prefix("gated_mlp_train"), _gated_mlp_train_impl,
@@ -285,8 +295,8 @@ def _gated_train_backward(ctx, grad_out, _grad_gu, _grad_h):
     x, gate_w, up_w, down_w, gate_b, up_b, down_b, gu, h = ctx.saved_tensors
     need = ctx.needs_input_grad
     packed = up_w is None
-    x2 = x.reshape(-1, x.shape[-1])
-    dy = grad_out.reshape(-1, grad_out.shape[-1])
+    x2 = _rows(x)
+    dy = _rows(grad_out)
     wg, wu, bg, bu = dispatch.split_gate_up(gate_w, up_w, gate_b, up_b)
     hidden = wg.shape[0]
     path = dispatch.backward_choice(x2, "gated", (wg, wu, down_w), hidden).path
@@ -297,7 +307,7 @@ def _gated_train_backward(ctx, grad_out, _grad_gu, _grad_h):
             gu = h = None
         dx, dwg, dwu, dwd, dbg, dbu, dbd = _gated_grads_torch(
             dy, x2, wg, wu, down_w, ctx.activation, bg, bu, down_b is not None, gu, h)
-        dx = dx.reshape(x.shape)
+        dx = _unrows(dx, x)
         if packed:
             dbgu = None if gate_b is None else torch.cat([dbg, dbu])
             return dx, torch.cat([dwg, dwu]), None, dwd, None, dbgu, None, dbd, None
@@ -311,7 +321,7 @@ def _gated_train_backward(ctx, grad_out, _grad_gu, _grad_h):
     else:
         dx, dwgu, dwd, dbgu, dbd = dispatch.gated_mlp_backward(*args, gu is not None and _may_overwrite_saved(),
                                                                path=path)
-    dx = dx.reshape(x.shape) if need[0] else None
+    dx = _unrows(dx, x) if need[0] else None
     dwd = _empty_to_none(dwd, need[3])
     dbd = _empty_to_none(dbd, need[7])
     if packed:
@@ -456,14 +466,14 @@ def _mlp_train_impl(
     recompute: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(y, pre [M, H], h [M, H]); the last two are empty with recompute."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = _rows(x)
     if recompute:
         y = dispatch.mlp_forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
         pre, h = x.new_empty(0), x.new_empty(0)
     else:
         y, pre, h = dispatch.mlp_train_forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, activation,
                                                weight_layout)
-    return y.reshape(*x.shape[:-1], y.shape[-1]), pre, h
+    return _unrows(y, x), pre, h
 
 
 _mlp_train_op = torch.library.custom_op(add_op_namespace_prefix("mlp_train"), _mlp_train_impl, mutates_args=())
@@ -517,8 +527,8 @@ def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
     x, fc_w, fc_b, proj_w, proj_b, pre, h = ctx.saved_tensors
     need = ctx.needs_input_grad
     act, layout = ctx.activation, ctx.weight_layout
-    x2 = x.reshape(-1, x.shape[-1])
-    dy = grad_out.reshape(-1, grad_out.shape[-1])
+    x2 = _rows(x)
+    dy = _rows(grad_out)
     hidden = fc_w.shape[1] if layout == "conv1d" else fc_w.shape[0]
     path = dispatch.backward_choice(x2, "mlp", (fc_w, proj_w), hidden, layout).path
     if path == "reference" or torch.is_grad_enabled():  # (see _gated_train_backward)
@@ -526,7 +536,7 @@ def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
             pre = h = None
         dx, dw1, db1, dw2, db2 = _mlp_grads_torch(dy, x2, fc_w, fc_b, proj_w, proj_b is not None, act, layout,
                                                   pre, h)
-        return dx.reshape(x.shape), dw1, db1, dw2, db2, None, None, None
+        return _unrows(dx, x), dw1, db1, dw2, db2, None, None, None
     needs = ((NEED_DX if need[0] else 0) | (NEED_DW_IN if need[1] else 0) | (NEED_DB_IN if need[2] else 0)
              | (NEED_DW_OUT if need[3] else 0) | (NEED_DB_OUT if need[4] else 0))
     args = (dy, x2, fc_w, fc_b, proj_w, act, layout, pre, h, needs)
@@ -535,7 +545,7 @@ def _mlp_train_backward(ctx, grad_out, _grad_pre, _grad_h):
     else:
         dx, dw1, dw2, db1, db2 = dispatch.mlp_backward(*args, pre is not None and _may_overwrite_saved(),
                                                        path=path)
-    return (dx.reshape(x.shape) if need[0] else None, _empty_to_none(dw1, need[1]), _empty_to_none(db1, need[2]),
+    return (_unrows(dx, x) if need[0] else None, _empty_to_none(dw1, need[1]), _empty_to_none(db1, need[2]),
             _empty_to_none(dw2, need[3]), _empty_to_none(db2, need[4]), None, None, None)
 
 
