@@ -148,7 +148,25 @@ def blocking_check(fm, say, steps: dict, sleep_ms: float = 20.0) -> None:
         say(f"  {name:<36} {loop(fn, False):8.1f} {loop(fn, True):8.1f} {loop(small[name], False):8.1f}")
 
 
-def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072) -> None:
+def gated_problem(fm, m: int, d: int, h: int, dev: str, dt: torch.dtype):
+    """The GeGLU training step's tensors: (triton_backward, x, Wg, Wu, Wd, dy, their leaf
+    copies [x, Wg, Wu, Wd], the NEED_* bits of every gradient, ours' step on the leaves)."""
+    tb = importlib.import_module(fm.__name__ + ".triton_backward")
+    x = torch.randn(m, d, device=dev, dtype=dt)
+    wg, wu = (torch.randn(h, d, device=dev, dtype=dt) * d**-0.5 for _ in range(2))
+    wd = torch.randn(d, h, device=dev, dtype=dt) * h**-0.5
+    dy = torch.randn(m, d, device=dev, dtype=dt)
+    leaves = [t.clone().requires_grad_() for t in (x, wg, wu, wd)]
+
+    def step():
+        for p in leaves:
+            p.grad = None
+        fm.gated_mlp(*leaves, "gelu_tanh").backward(dy)
+
+    return tb, x, wg, wu, wd, dy, leaves, tb.NEED_DX | tb.NEED_DW_IN | tb.NEED_DW_OUT, step
+
+
+def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> None:
     """Where the gated step's host time goes between its pieces (~0.38 ms called one by one on
     this thread) and the whole step (~1.1 ms): the same backward called directly on this
     thread against through autograd's engine (which runs CUDA nodes on its own device
@@ -157,97 +175,67 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072) -> N
     a plain Python thread; and torch.profiler's CPU self time of the direct path."""
     import threading
 
-    tb = importlib.import_module(fm.__name__ + ".triton_backward")
-    dt = torch.bfloat16
-    x = torch.randn(m, d, device="cuda", dtype=dt)
-    wg, wu = (torch.randn(h, d, device="cuda", dtype=dt) * d**-0.5 for _ in range(2))
-    wd = torch.randn(d, h, device="cuda", dtype=dt) * h**-0.5
-    dy = torch.randn(m, d, device="cuda", dtype=dt)
-    leaves = [t.clone().requires_grad_() for t in (x, wg, wu, wd)]
-    every = tb.NEED_DX | tb.NEED_DW_IN | tb.NEED_DW_OUT
-
-    def engine():
-        for p in leaves:
-            p.grad = None
-        fm.gated_mlp(*leaves, "gelu_tanh").backward(dy)
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32  # (CPU: the tests' dry run)
+    path = "triton" if dev == "cuda" else "triton-interpret"
+    tb, x, wg, wu, wd, dy, leaves, every, engine = gated_problem(fm, m, d, h, dev, dt)
 
     def direct():
         _, gu_s, h_s = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
-        disp.gated_mlp_backward(dy, x, wg, wu, wd, "gelu_tanh", None, None, gu_s, h_s, every, True, path="triton")
+        disp.gated_mlp_backward(dy, x, wg, wu, wd, "gelu_tanh", None, None, gu_s, h_s, every, True, path=path)
 
-    small = torch.randn(64, 64, device="cuda")
+    small = torch.randn(64, 64, device=dev)
 
-    class Toy(torch.autograd.Function):
-        k = 0
+    def toy_step(body):
+        """A step of a do-nothing autograd Function (one 64 x 64 leaf) whose backward calls body()."""
+        class Toy(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a):
+                return a.view_as(a)
 
-        @staticmethod
-        def forward(ctx, a):
-            return a.view_as(a)
+            @staticmethod
+            def backward(ctx, g):
+                body()
+                return g
 
-        @staticmethod
-        def backward(ctx, g):
-            for _ in range(Toy.k):
-                torch.mm(small, small)
-            return g
+        leaf = torch.randn(64, 64, device=dev, requires_grad=True)
+        seed = torch.ones(64, 64, device=dev)
 
-    leaf = torch.randn(64, 64, device="cuda", requires_grad=True)
-    seed = torch.ones(64, 64, device="cuda")
+        def step():
+            leaf.grad = None
+            Toy.apply(leaf).backward(seed)
+        return step
 
-    def toy():
-        leaf.grad = None
-        Toy.apply(leaf).backward(seed)
+    mm_count = [0]
 
     def ops_here():
-        for _ in range(Toy.k):
+        for _ in range(mm_count[0]):
             torch.mm(small, small)
 
-    def ops_thread() -> float:  # us per loop of k ops, on a new Python thread
-        res = []
-
-        def body():
-            torch.cuda.set_device(0)
-            res.append(host_us(ops_here, n=20))
-        t = threading.Thread(target=body)
-        t.start()
-        t.join()
-        return res[0]
-
+    toy = toy_step(ops_here)
     _, gu0, h0 = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
 
     def backward_only():
-        disp.gated_mlp_backward(dy, x, wg, wu, wd, "gelu_tanh", None, None, gu0, h0, every, False, path="triton")
+        disp.gated_mlp_backward(dy, x, wg, wu, wd, "gelu_tanh", None, None, gu0, h0, every, False, path=path)
 
-    class Wrapped(torch.autograd.Function):
-        """The direct backward (on tensors saved outside) as a Function's backward: the same
-        work inside the engine, without the op's own forward / backward wrappers."""
+    engine_prof: list = [None]  # a cProfile.Profile to run inside the engine's backward, or None
 
-        @staticmethod
-        def forward(ctx, a):
-            return a.view_as(a)
+    def profiled_backward():
+        if engine_prof[0] is not None:
+            engine_prof[0].enable()
+        backward_only()
+        if engine_prof[0] is not None:
+            engine_prof[0].disable()
 
-        prof = None
+    # the direct backward (on tensors saved outside) as a Function's backward: the same work
+    # inside the engine, without the op's own forward / backward wrappers
+    wrapped = toy_step(profiled_backward)
 
-        @staticmethod
-        def backward(ctx, g):
-            if Wrapped.prof is not None:
-                Wrapped.prof.enable()
-            backward_only()
-            if Wrapped.prof is not None:
-                Wrapped.prof.disable()
-            return g
-
-    wleaf = torch.randn(64, 64, device="cuda", requires_grad=True)
-    wseed = torch.ones(64, 64, device="cuda")
-
-    def wrapped():
-        wleaf.grad = None
-        Wrapped.apply(wleaf).backward(wseed)
-
-    def on_thread(fn) -> float:
+    def on_thread(fn) -> float:  # host_us of fn, on a new Python thread
         res = []
 
         def body():
-            torch.cuda.set_device(0)
+            if dev == "cuda":
+                torch.cuda.set_device(0)
             res.append(host_us(fn, n=20))
         t = threading.Thread(target=body)
         t.start()
@@ -283,23 +271,23 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072) -> N
     # the backward's calls, by own time, where they run: on this thread, and on the engine's
     prof_here = cProfile.Profile()
     prof_engine = cProfile.Profile()
-    Wrapped.prof = prof_engine
+    engine_prof[0] = prof_engine
     for _ in range(20):
         prof_here.enable()
         backward_only()
         prof_here.disable()
         wrapped()
     torch.cuda.synchronize()
-    Wrapped.prof = None
+    engine_prof[0] = None
     for name, pr in (("on this thread", prof_here), ("inside the engine (a toy Function's backward)", prof_engine)):
         out = io.StringIO()
         pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(14)
         say(f"## cProfile of 20 direct backwards {name}, by own time")
         say(out.getvalue()[:5000])
     for k in (0, 20):
-        Toy.k = k
+        mm_count[0] = k
         say(f"  toy Function step, {k:2d} small mm in backward  {host_us(toy, n=20):8.1f}   "
-            f"the {k} mm here {host_us(ops_here, n=20):7.1f}, on a Python thread {ops_thread():7.1f}")
+            f"the {k} mm here {host_us(ops_here, n=20):7.1f}, on a Python thread {on_thread(ops_here):7.1f}")
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
     for name, fn in (("direct", direct), ("through the engine", engine)):
@@ -384,25 +372,14 @@ def train_pieces(fm, tg, disp, say, m: int = 8192, d: int = 768, h: int = 3072, 
     g | u, one chunk), each called alone in loops of 20, next to the whole step and to
     eager's: where the step's host time goes, before any change to it."""
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
-    tb = importlib.import_module(fm.__name__ + ".triton_backward")
+    tb, x, wg, wu, wd, dy, leaves, every, step_ours = gated_problem(fm, m, d, h, dev, dt)
     act_id = fm.activations.ACTIVATION_IDS["gelu_tanh"]
-    x = torch.randn(m, d, device=dev, dtype=dt)
-    wg, wu = (torch.randn(h, d, device=dev, dtype=dt) * d**-0.5 for _ in range(2))
-    wd = torch.randn(d, h, device=dev, dtype=dt) * h**-0.5
-    dy = torch.randn(m, d, device=dev, dtype=dt)
-    leaves = [t.clone().requires_grad_() for t in (x, wg, wu, wd)]
     gu = torch.empty(m, 2 * h, device=dev, dtype=dt)
     hh = torch.empty(m, h, device=dev, dtype=dt)
     _, gu_s, h_s = disp.gated_mlp_train_forward(x, wg, wu, wd, "gelu_tanh", None, None, None)
     scratch = torch.empty_like(gu_s)
     dx, dwgu, dwd = torch.empty(m, d, device=dev, dtype=dt), torch.empty(2 * h, d, device=dev, dtype=dt), \
         torch.empty(d, h, device=dev, dtype=dt)
-    every = tb.NEED_DX | tb.NEED_DW_IN | tb.NEED_DW_OUT
-
-    def step_ours():
-        for p in leaves:
-            p.grad = None
-        fm.gated_mlp(*leaves, "gelu_tanh").backward(dy)
 
     def step_eager():
         for p in leaves:

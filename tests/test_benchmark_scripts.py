@@ -147,6 +147,31 @@ def test_host_overhead_train_pieces_dry_run(fused_mlp, monkeypatch):
     assert all(line.rstrip().endswith("1.0") for line in lines[1:])
 
 
+def test_host_overhead_engine_check_dry_run(fused_mlp, monkeypatch):
+    """host_overhead's engine check (the gated step through autograd's engine against its
+    pieces called directly, toy Functions, a Python thread) runs on CPU tensors through the
+    Triton interpreter: each variant once per round, every table row printed, the profiled
+    backward run inside the engine as well as on this thread."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    ho = _load("host_overhead_engine_under_test", BENCH / "host_overhead.py")
+    calls = []
+    monkeypatch.setattr(ho, "host_us", lambda fn, n=300: (calls.append(fn()), 2.0)[1])
+    lines = []
+    ho.engine_check(fused_mlp, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
+    table = [ln for ln in lines if ln.startswith("  ") and "rounds" in ln]
+    assert lines[0].startswith("## engine check") and len(table) == 7
+    assert all(ln.split("rounds")[1].split() == ["2"] * 5 for ln in table)
+    profiles = [ln for ln in lines if ln.startswith("## cProfile of 20 direct backwards")]
+    assert len(profiles) == 2 and "inside the engine" in profiles[1]
+    # the profile taken on the engine's side recorded the backward's calls (not an empty one)
+    for p in profiles:
+        assert int(lines[lines.index(p) + 1].split()[0]) > 100
+    toys = [ln for ln in lines if ln.startswith("  toy Function step")]
+    assert len(toys) == 2 and toys[1].split()[3] == "20"
+
+
 def test_host_overhead_sync_check_reports_each_warned_sync(monkeypatch):
     """sync_check counts the warnings PyTorch raises in sync-debug mode per step and names the
     line that made each; the mode is switched on only around the checked run and off after it,
