@@ -130,16 +130,23 @@ def test_bench_train_repeats_dry_run(tmp_path):
     assert len(row["ratio_per_round"]) == 2
 
 
+def _host_overhead_dry(monkeypatch, name: str, ran: list, us: float):
+    """host_overhead.py loaded for a CPU dry run: the Triton interpreter, no CUDA
+    synchronisation, and host_us running its function once (into `ran`) and giving `us`."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    ho = _load(name, BENCH / "host_overhead.py")
+    monkeypatch.setattr(ho, "host_us", lambda fn, n=300: (ran.append(fn()), us)[1])
+    return ho
+
+
 def test_host_overhead_train_pieces_dry_run(fused_mlp, monkeypatch):
     """host_overhead's per-piece table of the training step calls the package's internals
     by hand (private signatures that change): each piece runs once here, on CPU tensors
     through the Triton interpreter, so a stale call fails in CI, not on the device."""
-    pytest.importorskip("triton")
-    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    ho = _load("host_overhead_under_test", BENCH / "host_overhead.py")
     ran = []
-    monkeypatch.setattr(ho, "host_us", lambda fn, n=300: (ran.append(fn()), 1.0)[1])
+    ho = _host_overhead_dry(monkeypatch, "host_overhead_under_test", ran, 1.0)
     tg = importlib.import_module(fused_mlp.__name__ + ".triton_gemm").interpreted_module()
     lines = []
     ho.train_pieces(fused_mlp, tg, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
@@ -152,12 +159,7 @@ def test_host_overhead_engine_check_dry_run(fused_mlp, monkeypatch):
     pieces called directly, toy Functions, a Python thread) runs on CPU tensors through the
     Triton interpreter: each variant once per round, every table row printed, the profiled
     backward run inside the engine as well as on this thread."""
-    pytest.importorskip("triton")
-    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    ho = _load("host_overhead_engine_under_test", BENCH / "host_overhead.py")
-    calls = []
-    monkeypatch.setattr(ho, "host_us", lambda fn, n=300: (calls.append(fn()), 2.0)[1])
+    ho = _host_overhead_dry(monkeypatch, "host_overhead_engine_under_test", [], 2.0)
     lines = []
     ho.engine_check(fused_mlp, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
     table = [ln for ln in lines if ln.startswith("  ") and "rounds" in ln]
