@@ -251,21 +251,24 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev:
     def forward_only():
         fm.gated_mlp(*leaves, "gelu_tanh")
 
-    variants = {
-        "ours gated step through the engine": engine,
-        "the same forward + backward called directly": direct,
-        "ours step, only x needing a gradient": engine_x_only,
-        "ours forward alone (grad on, graph dropped)": forward_only,
-        "the direct backward alone": backward_only,
-        "the direct backward alone, on a Python thread": lambda: None,
-        "the direct backward in a toy Function, through the engine": wrapped,
+    def here(fn):
+        return lambda: host_us(fn, n=20)
+
+    timings = {  # name: a call that times it, in us per step
+        "ours gated step through the engine": here(engine),
+        "the same forward + backward called directly": here(direct),
+        "ours step, only x needing a gradient": here(engine_x_only),
+        "ours forward alone (grad on, graph dropped)": here(forward_only),
+        "the direct backward alone": here(backward_only),
+        "the direct backward alone, on a Python thread": lambda: on_thread(backward_only),
+        "the direct backward in a toy Function, through the engine": here(wrapped),
     }
-    rounds: dict[str, list[float]] = {k: [] for k in variants}
+    rounds: dict[str, list[float]] = {k: [] for k in timings}
     for _ in range(5):  # interleaved rounds: this host's timings drift by 1.5x within a run
-        for k, fn in variants.items():
-            rounds[k].append(on_thread(backward_only) if "Python thread" in k else host_us(fn, n=20))
+        for k, timed in timings.items():
+            rounds[k].append(timed())
     say(f"## engine check, host us/step (median of 5 interleaved rounds, each the min of 3 loops of 20), "
-        f"m{m} d{d} h{h} bf16")
+        f"m{m} d{d} h{h} {str(dt).removeprefix('torch.')}")
     for k, v in rounds.items():
         say(f"  {k:<58} {statistics.median(v):8.1f}   rounds {' '.join(f'{t:.0f}' for t in v)}")
     # the backward's calls, by own time, where they run: on this thread, and on the engine's

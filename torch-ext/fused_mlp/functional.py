@@ -155,10 +155,7 @@ def _needs_grad(*tensors: Optional[Tensor]) -> bool:
 def _on_rows(forward, x: Tensor, *args) -> Tensor:
     """forward(x2d, *args) -> [M, out] applied to x with any leading dimensions (a 2-D x is
     passed as it is: no reshape on the hot path)."""
-    if x.dim() == 2:
-        return forward(x, *args)
-    y = forward(x.reshape(-1, x.shape[-1]), *args)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+    return _unrows(forward(_rows(x), *args), x)
 
 
 def _rows(t: Tensor) -> Tensor:
