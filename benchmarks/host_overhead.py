@@ -22,7 +22,8 @@ above their GPU time (session 3).
 --sync-check (with --train): each of those training steps once more under
 torch.cuda.set_sync_debug_mode("warn"), listing every synchronizing CUDA call PyTorch makes in
 it (a copy to the host, a stream or device synchronize) with the Python lines that made it.
-Session 18 found none.
+Session 17 measured ours' GeGLU step at ~1.2 ms of host time where its pieces add up to ~0.38
+and its GPU time is ~0.59: a hidden wait on the GPU would look like that. Session 18 found none.
 
 --blocking-check (with --train): each step's host time as is, behind a GPU sleep, and at a
 small M (blocking_check): whether that host time is waiting on the GPU by another route (a
@@ -32,8 +33,6 @@ Session 18: it does not (results/host_overhead_h200_train_session18.txt).
 --engine-check (with --train): the gated step's host time through autograd's engine against
 its forward and backward called directly, and the engine's own cost (engine_check), in
 interleaved rounds: this host's timings drift too much for single loops to compare.
-Session 17 measured ours' GeGLU step at ~1.2 ms of host time where its pieces add up to ~0.38
-and its GPU time is ~0.59: a hidden wait on the GPU would look like that.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ import io
 import os
 import pstats
 import statistics
+import threading
 import time
 import traceback
 import warnings
@@ -56,12 +56,16 @@ import torch.nn.functional as F
 from kernels import get_kernel
 
 
-def host_us(fn, n: int = 300) -> float:
+def host_us(fn, n: int = 300, before=None) -> float:
+    """Host us per call of fn: the minimum of three loops of n calls, after 20 warm-up calls.
+    before(), if given, runs ahead of each loop, untimed, with the GPU idle."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
     best = float("inf")
     for _ in range(3):  # the minimum of three loops: host timings on a shared machine are noisy
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
@@ -78,10 +82,28 @@ def profile(fn, calls: int, say, title: str, by: str = "tottime", rows: int = 25
         fn()
     pr.disable()
     torch.cuda.synchronize()
+    say_stats(pr, say, title, by, rows, chars)
+
+
+def say_stats(pr: cProfile.Profile, say, title: str, by: str = "tottime", rows: int = 25, chars: int = 7000) -> None:
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats(by).print_stats(rows)
     say(f"## cProfile of {title}, by {'own' if by == 'tottime' else by} time")
     say(s.getvalue()[:chars])
+
+
+def profiler_table(fn, calls: int, say, title: str, cuda: bool = False, rows: int = 30) -> None:
+    """torch.profiler's table of `calls` calls of fn (after one), by CPU self time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    say(f"## torch.profiler, {title}, CPU self time")
+    say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60))
 
 
 def sync_check(steps: dict, say) -> None:
@@ -125,27 +147,15 @@ def blocking_check(fm, say, steps: dict, sleep_ms: float = 20.0) -> None:
     rate = torch.cuda.get_device_properties(0).clock_rate * 1e3  # Hz; the sleep counts cycles
     cycles = int(sleep_ms * 1e-3 * rate)
 
-    def loop(fn, sleep: bool) -> float:
-        best = float("inf")
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            if sleep:
-                torch.cuda._sleep(cycles)
-            for _ in range(20):
-                fn()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            best = min(best, (t1 - t0) / 20 * 1e6)
-        return best
+    def sleep():
+        torch.cuda._sleep(cycles)
 
     small = training_steps(fm, m=256)
     say(f"## host us/step: as is / behind a {sleep_ms:.0f} ms GPU sleep (waits add up to "
         f"{sleep_ms * 1e3 / 20:.0f} us/step) / at m 256")
     for name, fn in steps.items():
-        for f in (fn, small[name]):
-            f()
-        say(f"  {name:<36} {loop(fn, False):8.1f} {loop(fn, True):8.1f} {loop(small[name], False):8.1f}")
+        say(f"  {name:<36} {host_us(fn, n=20):8.1f} {host_us(fn, n=20, before=sleep):8.1f} "
+            f"{host_us(small[name], n=20):8.1f}")
 
 
 def gated_problem(fm, m: int, d: int, h: int, dev: str, dt: torch.dtype):
@@ -172,9 +182,8 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev:
     thread against through autograd's engine (which runs CUDA nodes on its own device
     thread); a do-nothing autograd Function's step with k small torch ops in its backward
     (the engine's cost per step and per op there) against the same k ops on this thread and on
-    a plain Python thread; and torch.profiler's CPU self time of the direct path."""
-    import threading
-
+    a plain Python thread; cProfile of the backward on each side; and torch.profiler's CPU self
+    time of the direct path and of the step through the engine."""
     dt = torch.bfloat16 if dev == "cuda" else torch.float32  # (CPU: the tests' dry run)
     path = "triton" if dev == "cuda" else "triton-interpret"
     tb, x, wg, wu, wd, dy, leaves, every, engine = gated_problem(fm, m, d, h, dev, dt)
@@ -283,25 +292,13 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev:
     torch.cuda.synchronize()
     engine_prof[0] = None
     for name, pr in (("on this thread", prof_here), ("inside the engine (a toy Function's backward)", prof_engine)):
-        out = io.StringIO()
-        pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(14)
-        say(f"## cProfile of 20 direct backwards {name}, by own time")
-        say(out.getvalue()[:5000])
+        say_stats(pr, say, f"20 direct backwards {name}", rows=14, chars=5000)
     for k in (0, 20):
         mm_count[0] = k
         say(f"  toy Function step, {k:2d} small mm in backward  {host_us(toy, n=20):8.1f}   "
             f"the {k} mm here {host_us(ops_here, n=20):7.1f}, on a Python thread {on_thread(ops_here):7.1f}")
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
     for name, fn in (("direct", direct), ("through the engine", engine)):
-        fn()
-        torch.cuda.synchronize()
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
-        say(f"## torch.profiler, 10 gated steps {name}, CPU self time")
-        say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
+        profiler_table(fn, 10, say, f"10 gated steps {name}", rows=14)
 
 
 def training_steps(fm, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> dict:
@@ -357,16 +354,7 @@ def train_host_time(fm, say, detail: bool = False, sync: bool = False, blocking:
         gated()
         torch.cuda.synchronize()
         say(f"  ours gated_mlp, FUSED_MLP_TMA=0        {host_us(gated, n=20):8.1f}")
-    gated()
-    torch.cuda.synchronize()
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
-            gated()
-        torch.cuda.synchronize()
-    say("## torch.profiler, 10 gated training steps (ours), CPU self time")
-    say(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    profiler_table(gated, 10, say, "10 gated training steps (ours)", cuda=True)
     profile(gated, 20, say, "20 gated training steps (ours)", by="cumulative", rows=45, chars=12000)
 
 
