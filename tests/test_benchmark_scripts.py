@@ -174,6 +174,20 @@ def test_host_overhead_engine_check_dry_run(fused_mlp, monkeypatch):
     assert len(toys) == 2 and toys[1].split()[3] == "20"
 
 
+def test_wrapper_overhead_dry_run(fused_mlp):
+    """wrapper_overhead.py times the public gated_mlp with the dispatcher's kernels stubbed
+    out: every row is a positive time, and the stubs are gone afterwards (the package is
+    left as it was for the tests after this one)."""
+    wo = _load("wrapper_overhead_under_test", BENCH / "micro" / "wrapper_overhead.py")
+    disp = fused_mlp.dispatch
+    originals = (disp.gated_mlp_train_forward, disp.gated_mlp_backward, disp.backward_choice)
+    rows = wo.measure(fused_mlp, calls=10)
+    assert list(rows) == ["ours gated_mlp step (kernels stubbed)", "do-nothing 4-input Function step",
+                          "ours gated_mlp forward alone"]
+    assert all(us > 0 for us in rows.values())
+    assert (disp.gated_mlp_train_forward, disp.gated_mlp_backward, disp.backward_choice) == originals
+
+
 def test_host_overhead_sync_check_reports_each_warned_sync(monkeypatch):
     """sync_check counts the warnings PyTorch raises in sync-debug mode per step and names the
     line that made each; the mode is switched on only around the checked run and off after it,
