@@ -1108,3 +1108,105 @@ def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
         check(run_plain(fused_mlp, p, "gelu_tanh", layout).cpu(), ref_plain(fused_mlp, p, "gelu_tanh", layout),
               TOL[torch.bfloat16], layout)
         assert len(calls) == want, (layout, sms)
+
+
+# (M, K, N, block_n, splits): M = 1, partial row and column tiles, K not a multiple of 64 (and
+# parts of unequal length), two row blocks, and the SwiGLU M = 128 down projection itself.
+SPLITK_CASES = [(1, 1024, 520, 128, 8), (77, 3000, 1000, 64, 4), (128, 520, 264, 128, 2),
+                (200, 4096, 1000, 64, 8), (128, 14336, 4096, 128, 8), (128, 14336, 4096, 64, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_sm90_linear_splitk(fused_mlp, dtype):
+    """linear_splitk_sm90 (x W^T + b with K split over a cluster and reduced in the kernel)
+    against float64 on fresh inputs, with and without bias, output poisoned first; a second
+    run gives the same bits (the parts are summed in a fixed order)."""
+    need_sm90(fused_mlp)
+    for i, (m, k, n, block_n, splits) in enumerate(SPLITK_CASES):
+        for bias in (False, True):
+            gen = torch.Generator().manual_seed(300 + 2 * i + bias)
+            x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
+            w = _rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen)
+            b = _rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) if bias else None
+            outs = []
+            for _ in range(2):
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                fused_mlp.ops.linear_splitk_sm90(out, x, w, b, splits, block_n)
+                outs.append(out)
+            what = f"M={m} K={k} N={n} block_n={block_n} splits={splits} bias={bias}"
+            z = x.double() @ w.double().t() + (0 if b is None else b.double())
+            check(outs[0].cpu(), z.cpu(), TOL[dtype], what)
+            assert torch.equal(outs[0], outs[1]), what + ": not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_linear_splitk_rejects_bad_input(fused_mlp):
+    """The split-K op's own checks name the argument."""
+    need_sm90(fused_mlp)
+    op = fused_mlp.ops.linear_splitk_sm90
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x, w, out = torch.randn(64, 1024, **bf), torch.randn(64, 1024, **bf), torch.empty(64, 64, **bf)
+    with pytest.raises(RuntimeError, match="splits must be"):
+        op(out, x, w, None, 3, 128)
+    with pytest.raises(RuntimeError, match="block_n must be"):
+        op(out, x, w, None, 4, 112)
+    with pytest.raises(RuntimeError, match="needs K >= 449"):
+        op(out, x[:, :448], w[:, :448], None, 8, 128)
+    with pytest.raises(RuntimeError, match="out must be"):
+        op(torch.empty(64, 32, **bf), x, w, None, 2, 128)
+    with pytest.raises(RuntimeError, match="bias"):
+        op(out, x, w, torch.zeros(63, **bf), 2, 128)
+    with pytest.raises(RuntimeError, match="dtype"):
+        op(out, x.half(), w, None, 2, 128)
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_splitk_is_dispatched(fused_mlp, monkeypatch):
+    """The gated and plain MLPs' second GEMM takes the split-K kind where split_config finds
+    a split (few row blocks; the SM count is patched so that a small model qualifies), and
+    cuBLAS with FUSED_MLP_SM90_SPLIT_DOWN=0, with three row blocks and in Conv1D's layout.
+    All right against float64."""
+    need_sm90(fused_mlp)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    sm90 = sm90_module(fused_mlp)
+    monkeypatch.setattr(sm90, "_sm_count", lambda index: 16)
+    calls = spy(monkeypatch, sm90, "down", lambda a: (a[0].shape, a[3]))  # (h's shape, config)
+    d, h, o = 1000, 1024, 1000  # down: N = 1000 (4 tiles of 256 or 8 of 128), K = 1024 (16 K steps)
+    for m, env, want in ((128, None, [((128, h), (64, 2))]), (200, None, [((200, h), (128, 2))]),
+                         (128, "0", []), (300, None, [])):
+        calls.clear()
+        if env is None:
+            monkeypatch.delenv("FUSED_MLP_SM90_SPLIT_DOWN", raising=False)
+        else:
+            monkeypatch.setenv("FUSED_MLP_SM90_SPLIT_DOWN", env)
+        t = make_gated(m, d, h, o, torch.bfloat16, "cuda", True, seed=50 + m)
+        check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16],
+              f"gated M={m} split={env}")
+        assert calls == want, (m, env)
+    monkeypatch.delenv("FUSED_MLP_SM90_SPLIT_DOWN", raising=False)
+    for layout, want in (("linear", 1), ("conv1d", 0)):
+        calls.clear()
+        p = make_plain(128, o, h, d, torch.bfloat16, "cuda", True, layout, seed=60)
+        check(run_plain(fused_mlp, p, "gelu_tanh", layout).cpu(), ref_plain(fused_mlp, p, "gelu_tanh", layout),
+              TOL[torch.bfloat16], f"plain {layout}")
+        assert len(calls) == want, layout
+
+
+def test_split_config(fused_mlp):
+    """Which shapes the split-K second GEMM takes, and how it splits them (132 SMs: an H100 /
+    H200): the SwiGLU M = 128 down projection as 16 tiles of 128 x 256 x 8 parts; two row
+    blocks with 4 parts; not three row blocks, a d768 model's (too few tiles to fill half the
+    SMs), nor a K too short for 8 K steps per part."""
+    cfg = sm90_module(fused_mlp).split_config
+    assert cfg(128, 4096, 14336, 132) == (128, 8)
+    assert cfg(256, 4096, 14336, 132) == (128, 4)
+    assert cfg(1, 8192, 28672, 132) == (128, 4)  # 32 tiles
+    assert cfg(128, 2048, 8192, 132) == (64, 8)  # 8 wide tiles would fill 64 SMs only
+    assert cfg(257, 4096, 14336, 132) is None
+    assert cfg(128, 768, 3072, 132) is None
+    assert cfg(128, 4096, 448, 132) is None
+    assert cfg(128, 1000, 1024, 8) == (128, 2)
+    assert cfg(128, 1000, 1024, 16) == (64, 2)  # the dispatch test's shapes
+    assert cfg(200, 1000, 1024, 16) == (128, 2)
