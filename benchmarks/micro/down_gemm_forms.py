@@ -5,12 +5,9 @@ layout), in forms that give cuBLAS different problem shapes: F.linear as the MLP
 the copy back to [M, D], split-K as one strided-batched GEMM with fp32 partials and their sum
 (s = 2, 4, 7 parts of K), F.linear with a bias and with a zero bias (torch then calls
 cuBLASLt with its bias epilogue, a different kernel choice), and, for reference only,
-against a [H, D] copy of the weight. --sm90-split adds the package's own split-K kind
-(sm90.py's `down`: K split over a cluster of CTAs, reduced in the kernel; NOTES, session 19)
-in each (block_n, parts) form it builds, marking the one split_config picks.
+against a [H, D] copy of the weight.
 
-    python benchmarks/micro/down_gemm_forms.py [--m 128,512] [--shapes 4096x14336] [--forms SUBSTR,...]
-        [--sm90-split] [--out FILE]
+    python benchmarks/micro/down_gemm_forms.py [--m 128,512] [--shapes 4096x14336] [--forms SUBSTR,...] [--out FILE]
 
 Timing: triton.testing.do_bench, median, L2 flushed between runs; each form is checked
 against float64 first."""
@@ -43,14 +40,7 @@ def main() -> None:
     ap.add_argument("--m", default="128,512", help="comma-separated token counts")
     ap.add_argument("--shapes", default="4096x14336", help="comma-separated DxH (model dim x hidden)")
     ap.add_argument("--forms", default=None, help="comma-separated substrings of the form names to time")
-    ap.add_argument("--sm90-split", action="store_true", help="add the package's split-K kind (needs the staged build)")
     args = ap.parse_args()
-    sm90 = None
-    if args.sm90_split:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from _common import local_package  # noqa: E402
-
-        fm, sm90 = local_package("sm90")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     for m in (int(v) for v in args.m.split(",")):
@@ -71,13 +61,6 @@ def main() -> None:
                 "mm(W, h^T).t().contiguous()": lambda: torch.mm(w, x.t()).t().contiguous(),
                 "mm(h, W_kn) (weight copy, reference only)": lambda: torch.mm(x, w_kn),
             }
-            if sm90 is not None:
-                picked = sm90.split_config(m, d, h, torch.cuda.get_device_properties(0).multi_processor_count)
-                for cfg in ((128, 8), (64, 4), (128, 4), (64, 8), (128, 2), (64, 2)):
-                    if -(-h // 64) >= cfg[1]:
-                        mark = " (split_config)" if cfg == picked else ""
-                        forms[f"sm90 split-K block_n {cfg[0]} x {cfg[1]} parts{mark}"] = (
-                            lambda cfg=cfg: sm90.down(x, w, None, cfg))
             for name, fn in forms.items():
                 if args.forms and not any(f in name for f in args.forms.split(",")):
                     continue

@@ -134,22 +134,6 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb
   p.tiles_n = (p.N + kTileN - 1) / kTileN;
   p.group_m = group_m_setting();
   const int tiles = p.tiles_m * p.tiles_n;
-  if constexpr (split_k<E>()) {  // one CTA per tile and K part, the parts of a tile in one cluster
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(tiles * p.splits));
-    cfg.blockDim = dim3(threads<E, BN>());
-    cfg.dynamicSmemBytes = kSmem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(p.splits);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ma, mb0, mb1, p));
-    return;
-  }
   const int grid = std::min(tiles, sm_count(device));
   kernel<<<grid, threads<E, BN>(), kSmem, stream>>>(ma, mb0, mb1, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -342,51 +326,6 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   });
 }
 
-// out = x W^T + b for x [M, K] and weight [N, K] (nn.Linear's layout), bias [N] or none, with
-// K split in `splits` parts (2, 4 or 8) reduced inside the kernel (Epi::kPlainSplit): for few
-// row blocks, where one CTA per 128 x 2 block_n tile would leave most SMs idle. block_n: 64 or
-// 128 (tiles of 128 x 128 or 128 x 256). Each part needs at least one K step of 64.
-void linear_splitk_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
-                        const c10::optional<at::Tensor>& bias, int64_t splits, int64_t block_n) {
-  const int device = check_common("linear_splitk_sm90", x, "x", 0);
-  const c10::cuda::CUDAGuard guard(x.device());
-  check_rows("linear_splitk_sm90", x, "x", x);
-  check_rows("linear_splitk_sm90", weight, "weight", x);
-  check_rows("linear_splitk_sm90", out, "out", x);
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  FUSED_MLP_CHECK(weight.size(1) == K, "fused_mlp: weight must be [N, ", K, "], got ", weight.sizes());
-  FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
-                  out.sizes());
-  FUSED_MLP_CHECK(splits == 2 || splits == 4 || splits == 8, "fused_mlp: splits must be 2, 4 or 8, got ", splits);
-  FUSED_MLP_CHECK(block_n == 64 || block_n == 128, "fused_mlp: block_n must be 64 or 128, got ", block_n);
-  FUSED_MLP_CHECK((K + kBK - 1) / kBK >= splits, "fused_mlp: linear_splitk_sm90 needs K >= ", (splits - 1) * kBK + 1,
-                  " for ", splits, " parts of 64, got K = ", K);
-  check_sizes("linear_splitk_sm90", M, N, K);
-  check_bias("linear_splitk_sm90", bias, "bias", x, N);
-  if (M == 0 || N == 0) return;
-
-  Params p{};
-  p.out = out.data_ptr();
-  p.bg = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.ldo = out.stride(0);
-  p.M = static_cast<int>(M);
-  p.N = static_cast<int>(N);
-  p.K = static_cast<int>(K);
-  p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
-  p.splits = static_cast<int>(splits);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-  const int bn = static_cast<int>(block_n);
-  const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mw = tensor_map(weight, kBK, bn, "weight");
-  constexpr Activation kNone = Activation::kIdentity;
-  if (x.scalar_type() == at::kBFloat16) {
-    if (bn == 64) launch<__nv_bfloat16, kNone, 64, Epi::kPlainSplit>(mx, mw, mw, p, stream, device);
-    else launch<__nv_bfloat16, kNone, 128, Epi::kPlainSplit>(mx, mw, mw, p, stream, device);
-  } else {
-    if (bn == 64) launch<__half, kNone, 64, Epi::kPlainSplit>(mx, mw, mw, p, stream, device);
-    else launch<__half, kNone, 128, Epi::kPlainSplit>(mx, mw, mw, p, stream, device);
-  }
-}
-
 }  // namespace sm90
 }  // namespace fused_mlp
 
@@ -404,6 +343,4 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
   ops.impl("dact_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::dact_gemm_sm90);
   ops.def("linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation) -> ()");
   ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);
-  ops.def("linear_splitk_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, int splits, int block_n) -> ()");
-  ops.impl("linear_splitk_sm90", c10::kCUDA, &fused_mlp::sm90::linear_splitk_sm90);
 }

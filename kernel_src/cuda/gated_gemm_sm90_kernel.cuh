@@ -104,9 +104,8 @@ constexpr int kGuRows = FUSED_MLP_SM90_GU_ROWS;  // rows of g | u per TMA-loaded
 // staging tile, and GuBufs buffers of g | u (kGuRows rows of the tile's 2 BN columns each).
 // HOnly (the kGatedFwdH kind, below): one staging tile instead of two, unpadded where BN = 128
 // (its rows' 16-byte chunks are then XOR-swizzled instead, stg_chunk), so that four ring stages
-// fit. NoStg (the kPlainSplit kind): no staging tile at all (its fp32 partial tile goes over
-// the ring once the main loop is done: kPartStride below).
-template <int BN, int Stages = kStages, int GuBufs = 0, bool HOnly = false, bool NoStg = false>
+// fit.
+template <int BN, int Stages = kStages, int GuBufs = 0, bool HOnly = false>
 struct Layout {
   static constexpr int kTileBytesW = BN * kBK * 2;                  // Wg or Wu per stage
   static constexpr int kStageBytes = kTileBytesX + 2 * kTileBytesW;  // 48 KB / 44 KB / 32 KB
@@ -114,11 +113,7 @@ struct Layout {
   // staging row: 272 / 240 / 144 bytes, no bank conflicts (or 256, swizzled)
   static constexpr int kStgStride = kStgSwizzled ? BN : BN + 8;
   static constexpr int kStgBytes = FUSED_MLP_SM90_PROBE_NOSTAGE ? 0 : kBM * kStgStride * 2;
-  static constexpr int kGuOffset = Stages * kStageBytes + (NoStg ? 0 : HOnly ? 1 : 2) * kStgBytes;
-  // kPlainSplit: row stride (floats) of the fp32 partial tile [128, 2 BN] written over the
-  // ring: 8 floats of padding put a half-warp's four rows of float2 stores on distinct banks.
-  static constexpr int kPartStride = 2 * BN + 8;
-  static_assert(!NoStg || kBM * kPartStride * 4 <= Stages * kStageBytes, "the partial tile must fit in the ring");
+  static constexpr int kGuOffset = Stages * kStageBytes + (HOnly ? 1 : 2) * kStgBytes;
   static constexpr int kGuBufBytes = 2 * kGuRows * 2 * BN * 2;  // g rows, then u rows, unpadded
   static constexpr int kBarOffset = kGuOffset + GuBufs * kGuBufBytes;
   static constexpr int kBarBytes = 8 * (2 * Stages + 2 + 2 * GuBufs);
@@ -138,9 +133,7 @@ struct Layout {
 // and the two accumulators two halves of the output tile.
 //   kGatedFwdH as kGatedFwd, inference only (no pre): the MMA groups compute h themselves and
 //              stage h alone, so the ring has 4 stages (H_ONLY_STAGES below)
-//   kPlainSplit out = x W^T + b with K split over the Params::splits CTAs of a cluster
-//              (tile: 128 x 2 BN of out, one tile per CTA; split_reduce below)
-enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3, kGatedFwdH = 4, kPlainSplit = 5 };
+enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3, kGatedFwdH = 4 };
 // The gated forward kinds (the same main loop, tile and epilogue group's loop).
 __host__ __device__ constexpr bool gated_fwd(Epi e) { return e == Epi::kGatedFwd || e == Epi::kGatedFwdH; }
 
@@ -176,7 +169,6 @@ struct Params {
   // DRAM about tiles_m / group_m times, the x rows of a group stay in L2. The op sets it from
   // FUSED_MLP_SM90_GROUP_M (an experiment switch; NOTES, session 15), else kGroupM.
   int group_m = kGroupM;
-  int splits = 1;  // kPlainSplit: the K parts, one CTA each, = the cluster size (grid: tiles x splits)
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* clocks = nullptr;  // [gridDim.x * kClockSlots]
 #endif
@@ -254,27 +246,9 @@ template <Epi E>
 __host__ __device__ constexpr bool h_only() {
   return E == Epi::kGatedFwdH;
 }
-// kPlainSplit (NOTES, session 19): a plain GEMM for few row blocks (the down projection at a
-// few hundred tokens), whose 128 x 2 BN output tiles alone would leave most SMs idle. K is cut
-// in S = Params::splits parts (2, 4 or 8) and the S CTAs of a tile form a cluster, rank = part.
-// Each CTA runs its part of the main loop, its MMA groups write the fp32 accumulators into its
-// own shared memory (over the ring, idle by then: no staging tile, so four ring stages), and
-// after a cluster barrier rank r reduces rows [r 128 / S, (r + 1) 128 / S) of the tile over the
-// S CTAs' shared memory in rank order (the same sums, bit for bit, on every run), adds the bias,
-// rounds once and stores.
-#ifndef FUSED_MLP_SM90_SPLIT_STAGES
-#define FUSED_MLP_SM90_SPLIT_STAGES 4
-#endif
-template <Epi E>
-__host__ __device__ constexpr bool split_k() {
-  return E == Epi::kPlainSplit;
-}
 template <Epi E, int BN>
 __host__ __device__ constexpr int ring_stages() {
-  return gu_tma<E, BN>()  ? FUSED_MLP_SM90_NARROW_STAGES
-         : h_only<E>()    ? FUSED_MLP_SM90_H_ONLY_STAGES
-         : split_k<E>()   ? FUSED_MLP_SM90_SPLIT_STAGES
-                          : kStages;
+  return gu_tma<E, BN>() ? FUSED_MLP_SM90_NARROW_STAGES : h_only<E>() ? FUSED_MLP_SM90_H_ONLY_STAGES : kStages;
 }
 template <Epi E, int BN>
 __host__ __device__ constexpr int gu_bufs() {
@@ -282,7 +256,7 @@ __host__ __device__ constexpr int gu_bufs() {
 }
 // The shared memory of a kind (the host's launch and the kernel both use it).
 template <Epi E, int BN>
-using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>(), h_only<E>(), split_k<E>()>;
+using KindLayout = Layout<BN, ring_stages<E, BN>(), gu_bufs<E, BN>(), h_only<E>()>;
 
 // 16-byte chunk `chunk` of row `row` of a staging tile of layout L at base.
 template <typename L, typename P>
@@ -512,25 +486,6 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
-}
-
-// The index of this CTA's cluster along x (a 1-D grid of 1-D clusters).
-__device__ __forceinline__ uint32_t cluster_index() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
-  return r;
-}
-
-// 16 bytes at p's offset in the shared memory of cluster CTA cta.
-__device__ __forceinline__ float4 ld_cluster_f4(const float* p, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(cta));
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-  return v;
 }
 
 // The gated forward epilogue's 16-byte global stores, evict-first when cs (kHintStream).
@@ -1127,45 +1082,6 @@ __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int
     wide_epilogue<T, A, BN, E, kThreads, kArrivers>(p, t_first, t_end, it0, stg_g, stg_u, staged, freed, tid);
 }
 
-// kPlainSplit, between the cluster barriers: cluster rank `rank` sums its 128 / S rows of the
-// tile at (m0, n0) over the S CTAs' fp32 partial tiles (part, in each CTA's shared memory) in
-// rank order, adds the bias (Params::bg) and stores them rounded to T; kThreads threads (tid
-// 0 .. kThreads - 1), consecutive threads on consecutive 16 bytes of a partial row.
-template <typename T, int BN, int kThreads>
-__device__ __forceinline__ void split_reduce(const Params& p, const float* part, int m0, int n0, int rank, int tid) {
-  constexpr int kVecs = 2 * BN / 4;  // float4 per tile row
-  constexpr int kStride = Layout<BN>::kPartStride;
-  const int rows = kBM / p.splits;
-  const T* bias = static_cast<const T*>(p.bg);
-  T* out = static_cast<T*>(p.out);
-  for (int e = tid; e < rows * kVecs; e += kThreads) {
-    const int r = rank * rows + e / kVecs, c = (e % kVecs) * 4;
-    const int m = m0 + r, col = n0 + c;
-    if (m >= p.M || col >= p.N) continue;  // N is a multiple of 8: col + 3 is in too
-    const float* src = part + r * kStride + c;
-    float4 acc = ld_cluster_f4(src, 0);
-#pragma unroll
-    for (int s = 1; s < 8; ++s) {
-      if (s >= p.splits) break;
-      const float4 v = ld_cluster_f4(src, s);
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    if (bias != nullptr) {
-      const uint2 bw = *reinterpret_cast<const uint2*>(bias + col);
-      const float2 b0 = unpack2<T>(bw.x), b1 = unpack2<T>(bw.y);
-      acc.x += b0.x;
-      acc.y += b0.y;
-      acc.z += b1.x;
-      acc.w += b1.y;
-    }
-    *reinterpret_cast<uint2*>(out + int64_t(m) * p.ldo + col) =
-        make_uint2(pack2<T>(acc.x, acc.y), pack2<T>(acc.z, acc.w));
-  }
-}
-
 // BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
 // tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
 // the narrow gated dh kind: there it describes pre for gu_loader).
@@ -1181,7 +1097,6 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
   constexpr bool kFwd = gated_fwd(E);
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
-  constexpr bool kSplit = split_k<E>();
   static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
   constexpr bool k384 = three_groups<E, BN>();
@@ -1221,14 +1136,6 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
 
   const int tiles = loop_tiles<E>(p);
   const int ksteps = (p.K + kBK - 1) / kBK;
-  // The persistent walk: tiles t_first, t_first + t_step, ... below tiles, each over K steps
-  // [kb_begin, kb_end). kPlainSplit: one tile per CTA (its cluster's), the K part of its rank
-  // (the host makes sure every part has at least one K step).
-  const int split_rank = kSplit ? int(cluster_rank()) : 0;
-  const int t_first = kSplit ? int(cluster_index()) : int(blockIdx.x);
-  const int t_step = kSplit ? tiles : int(gridDim.x);
-  const int kb_begin = kSplit ? ksteps * split_rank / p.splits : 0;
-  const int kb_end = kSplit ? ksteps * (split_rank + 1) / p.splits : ksteps;
   // The CTA's tiles are blockIdx.x + i gridDim.x, i < mine (the grid is at most the tile count).
   const int mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const int t_last = blockIdx.x + (mine - 1) * gridDim.x;
@@ -1282,10 +1189,10 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       const uint32_t rank = kPair ? cluster_rank() : 0;
       uint32_t c = 0;
       long long waited = 0;
-      for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : t_first); t < tiles; t += t_step) {
+      for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN, kPair>(t, p, m0, n0);
-        for (int kb = kb_begin; kb < kb_end; ++kb, ++c) {
+        for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kSt;
           bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
 #if FUSED_MLP_SM90_PAIR_ISSUE
@@ -1335,7 +1242,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     uint32_t c = 0, it = 0;
     const long long start = clock_now();
     long long wait_full = 0, wait_freed = 0;
-    for (int t = t_first; t < tiles; t += t_step, ++it) {
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
       // The biases of the tile's columns, loaded now so the loads' latency hides behind the
       // K loop, and added to the fp32 accumulators before g and u are rounded once, as
       // cuBLAS's bias epilogue. Word w (columns n0 + 2 w, + 1) of each bias lives in lane
@@ -1351,16 +1258,14 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         const int col = n0 + 2 * w + ((i >= 2 && !kFwd) ? BN : 0);  // the second accumulator's columns
         const T* b = i < 2 ? bg : bu;
         // N is a multiple of 8: col + 1 is in too
-        bias_w[i] = (!kDh && !kSplit && 2 * w < BN && col < p.N && b != nullptr)
-                        ? *reinterpret_cast<const uint32_t*>(b + col)
-                        : 0u;
+        bias_w[i] = (!kDh && 2 * w < BN && col < p.N && b != nullptr) ? *reinterpret_cast<const uint32_t*>(b + col) : 0u;
       }
 #if FUSED_MLP_SM90_PROBE_NOMAIN
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc_g[i] = acc_u[i] = 0.0f;
       for (int kb = 0; kb < 0; ++kb, ++c) {
 #else
-      for (int kb = kb_begin; kb < kb_end; ++kb, ++c) {
+      for (int kb = 0; kb < ksteps; ++kb, ++c) {
 #endif
         const int s = c % kSt;
         bar_wait_timed(&full[s], (c / kSt) & 1, wait_full);
@@ -1377,7 +1282,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
-          const uint32_t accumulate = (kb > kb_begin || kk > 0) ? 1u : 0u;
+          const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
           if constexpr (kWideMma) {
             mma_both<T, BN, BNMajor>(acc_g, acc_u, da + 2 * kk, dg + kStepB * kk, accumulate);
           } else {
@@ -1389,7 +1294,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         fence_regs(acc_g);
         fence_regs(acc_u);
         wgmma_wait<1>();
-        if (kb > kb_begin && tid == 0) release_stage(&empty[(c - 1) % kSt]);
+        if (kb > 0 && tid == 0) release_stage(&empty[(c - 1) % kSt]);
       }
       wgmma_wait<0>();
       fence_regs(acc_g);
@@ -1404,26 +1309,6 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         if (sum == 1.25e-30f) static_cast<float*>(p.out)[threadIdx.x] = sum;
       }
 #endif
-      if constexpr (kSplit) {
-        // The fp32 partial tile over the ring, once both MMA groups are done reading it (the
-        // producer's loads have all landed: every stage was waited for).
-        asm volatile("bar.sync 1, 256;\nfence.proxy.async.shared::cta;" ::: "memory");
-        float* part = reinterpret_cast<float*>(smem);
-        const int r0 = half * 64 + warp * 16 + lane / 4;
-#pragma unroll
-        for (int jb = 0; jb < BN / 8; ++jb) {
-          const int col = 8 * jb + 2 * (lane % 4);
-          float* a = part + r0 * L::kPartStride + col;
-          *reinterpret_cast<float2*>(a) = make_float2(acc_g[4 * jb], acc_g[4 * jb + 1]);
-          *reinterpret_cast<float2*>(a + 8 * L::kPartStride) = make_float2(acc_g[4 * jb + 2], acc_g[4 * jb + 3]);
-          *reinterpret_cast<float2*>(a + BN) = make_float2(acc_u[4 * jb], acc_u[4 * jb + 1]);
-          *reinterpret_cast<float2*>(a + 8 * L::kPartStride + BN) = make_float2(acc_u[4 * jb + 2], acc_u[4 * jb + 3]);
-        }
-        cluster_sync();  // every CTA's partial tile is in its shared memory
-        split_reduce<T, BN, 256>(p, part, m0, n0, split_rank, threadIdx.x - 128);
-        cluster_sync();  // and stays there until the peers have read it
-        continue;
-      }
       // Hand g and u to the epilogue group through the staging tile.
       bar_wait_timed(freed, (it & 1) ^ 1, wait_freed);
       const int q = lane / 8;
@@ -1462,15 +1347,8 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     if constexpr (kGu) {
       narrow_dh_epilogue<T, A, BN, kEpiThreads, kGuBufs>(p, tiles, stg_g, stg_u, gu, staged, freed, gu_full, gu_empty,
                                                          tid);
-    } else if constexpr (!kSplit) {
+    } else {
       epilogue_role(tid);
-    }
-  }
-  if constexpr (kSplit) {  // the producer's and epilogue groups' part in the MMA groups' two cluster barriers
-    if (wg == 0 || wg == 3) {
-      __syncwarp();
-      cluster_sync();
-      cluster_sync();
     }
   }
   if constexpr (kPair) {  // no CTA leaves while its peer may still multicast into it or arrive on it

@@ -32,7 +32,7 @@ def _kernel_table() -> dict[tuple[str, str], bool]:
     torch._dynamo with the package, ~2.5 s)."""
     table = {}
     for name in _OP_NAMES + ("decode_gate_up", "decode_linear", "gated_gemm_sm90", "dact_gemm_sm90",
-                                   "linear_act_sm90", "linear_splitk_sm90"):
+                                   "linear_act_sm90"):
         qualified = add_op_namespace_prefix(name)
         defined = torch._C._dispatch_has_kernel(qualified)  # False for ops this build lacks
         for device_type, key in (("cuda", "CUDA"), ("cpu", "CPU")):

@@ -8,9 +8,6 @@ gated_gemm_sm90.cu).
     dact(dy, weight, w_kn, pre, out, activation_id, gated)
         the backward's dh = dy @ W with the activation's derivative as its epilogue
         (triton_gemm.linear_dact's contract, without its h output)
-    down(x, weight, bias)
-        x W^T + b with K split over a cluster of CTAs and reduced in the kernel: the MLP's
-        second GEMM at few row blocks (where `split_config` finds a split; else cuBLAS)
 
 Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). triton_gemm
 calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
@@ -18,8 +15,7 @@ calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wh
 FUSED_MLP_FAST_TANH=0, for the activations they compute through tanh.approx;
 FUSED_MLP_SM90_CACHE_HINTS=0 drops the L2 hints gate_up uses in training at small sizes;
 FUSED_MLP_SM90_NARROW_DH=0 keeps dact's gated kind on its wide tiles where K <= 768 would take
-the narrow ones, whose epilogue gets g | u by TMA; FUSED_MLP_SM90_SPLIT_DOWN=0 leaves the second
-GEMM to cuBLAS everywhere). They take
+the narrow ones, whose epilogue gets g | u by TMA). They take
 bf16 / fp16 tensors with unit column stride, 16-byte aligned rows and N a multiple of 8;
 everything else (fp32, odd strides or offsets, other GPUs, builds without them) stays on
 the Triton kernels (or cuBLASLt's epilogue).
@@ -42,7 +38,6 @@ Tensor = torch.Tensor
 _OP = "gated_gemm_sm90"
 _DACT_OP = "dact_gemm_sm90"
 _LINEAR_OP = "linear_act_sm90"
-_SPLIT_OP = "linear_splitk_sm90"
 _DTYPES = (torch.bfloat16, torch.float16)
 
 # The ops only write their out (and pre) arguments: nothing to compute for fake tensors.
@@ -53,10 +48,6 @@ if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_OP)):
 if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_LINEAR_OP)):
     torch.library.register_fake(add_op_namespace_prefix(_LINEAR_OP))(
         lambda out, x, weight, bias, pre, activation: None
-    )
-if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_SPLIT_OP)):
-    torch.library.register_fake(add_op_namespace_prefix(_SPLIT_OP))(
-        lambda out, x, weight, bias, splits, block_n: None
     )
 if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DACT_OP)):
     torch.library.register_fake(add_op_namespace_prefix(_DACT_OP))(
@@ -161,50 +152,4 @@ def linear_act(out: Optional[Tensor], x: Tensor, weight: Tensor, bias: Optional[
     if out is None:
         out = torch.empty((x.shape[0], weight.shape[0]), device=x.device, dtype=x.dtype)
     ops.linear_act_sm90(out, x, weight, bias, pre, activation_id)
-    return out
-
-
-# The split-K kind's K parts (the cluster sizes it is built for) and the fewest K steps of 64 a
-# part gets from split_config (shorter parts spend a larger share of their time filling and
-# draining the ring).
-_SPLITS = (8, 4, 2)
-_MIN_PART_STEPS = 8
-
-
-def split_config(m: int, n: int, k: int, sms: int) -> Optional[tuple[int, int]]:
-    """(block_n, splits) for `down` on x [m, k] and a weight [n, k], or None for cuBLAS.
-
-    Only where the weight-streaming regime leaves cuBLAS's tiles too few for the SMs: at most
-    two row blocks of 128, and one 128 x 256 tile per CTA would fill under half the SMs. Of
-    the 128 x 256 (block_n 128) and 128 x 128 (64) tiles with each split, the one that keeps
-    the most SMs busy without a second wave, the wider tile on ties (NOTES, session 19)."""
-    row_blocks = -(-m // 128)
-    if row_blocks > 2 or row_blocks * -(-n // 256) * 2 > sms:
-        return None
-    best, busy = None, sms // 2 - 1
-    for block_n in (128, 64):
-        tiles = row_blocks * -(-n // (2 * block_n))
-        for splits in _SPLITS:
-            ctas = tiles * splits
-            if ctas <= sms and -(-k // 64) >= _MIN_PART_STEPS * splits and ctas > busy:
-                best, busy = (block_n, splits), ctas
-    return best
-
-
-def down_usable(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Optional[tuple[int, int]]:
-    """split_config for these 2-D tensors where the split-K kind takes them (16-bit, rows
-    aligned, N a multiple of 8, this build and GPU, not FUSED_MLP_SM90_SPLIT_DOWN=0), else None."""
-    if (os.environ.get("FUSED_MLP_SM90_SPLIT_DOWN", "1") == "0" or not _wanted(x, 0)
-            or not has_compiled_kernel(_SPLIT_OP, x.device) or weight.shape[0] % 8):
-        return None
-    if not (_rows_ok(x) and _rows_ok(weight) and _bias_ok(bias) and weight.dtype == x.dtype
-            and (bias is None or bias.dtype == x.dtype)):
-        return None
-    return split_config(x.shape[0], weight.shape[0], x.shape[1], _sm_count(_index(x)))
-
-
-def down(x: Tensor, weight: Tensor, bias: Optional[Tensor], config: tuple[int, int]) -> Tensor:
-    """x W^T + b through the split-K kind with config = (block_n, splits) from down_usable."""
-    out = torch.empty((x.shape[0], weight.shape[0]), device=x.device, dtype=x.dtype)
-    ops.linear_splitk_sm90(out, x, weight, bias, config[1], config[0])
     return out

@@ -3,9 +3,8 @@
     gated_linear:  h = act(x @ Wg^T + bg) * (x @ Wu^T + bu)   (one pass over x, two accumulators)
     linear_act:    h = act(x @ W^T + b)                         (W as nn.Linear [N, K] or Conv1D [K, N])
 
-The second GEMM of the block (the down / proj projection) is cuBLAS (F.linear), or on
-sm_90 at few row blocks sm90.py's split-K kind; see second_linear, gated_mlp / mlp at the
-bottom.
+The second GEMM of the block (the down / proj projection) is cuBLAS (F.linear);
+see gated_mlp / mlp at the bottom.
 
 The same tile loop serves the backward pass (triton_backward.py runs it), through
 compile-time flags of the epilogue:
@@ -1152,26 +1151,19 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
     return out
 
 
-def second_linear(h, weight, bias):
-    """The MLP's second GEMM: sm90.py's split-K kind where it takes the shape (few row
-    blocks on an H100 / H200: sm90.split_config), else cuBLAS."""
-    config = _sm90.down_usable(h, weight, bias)
-    return _sm90.down(h, weight, bias, config) if config is not None else F.linear(h, weight, bias)
-
-
 def gated_mlp(x, gate_weight, up_weight, down_weight, activation_id, gate_bias, up_bias, down_bias):
-    """The whole gated MLP: fused gate/up kernel, then the down projection (second_linear)."""
+    """The whole gated MLP: fused gate/up kernel, then cuBLAS for the down projection."""
     h = gated_linear(x, gate_weight, up_weight, gate_bias, up_bias, activation_id)
-    return second_linear(h, down_weight, down_bias)
+    return F.linear(h, down_weight, down_bias)
 
 
 def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, weight_layout):
     """The whole plain MLP: GEMM + bias + activation (our kernel or cuBLASLt's epilogue,
-    see linear_act), then the projection (second_linear)."""
+    see linear_act), then cuBLAS (+bias)."""
     h = linear_act(x, fc_weight, fc_bias, activation_id, weight_layout)
     if weight_layout == "conv1d":
         proj_weight = proj_weight.t()  # a view: cuBLAS reads the [K, N] weight transposed
-    return second_linear(h, proj_weight, proj_bias)
+    return F.linear(h, proj_weight, proj_bias)
 
 
 @functools.lru_cache(maxsize=None)
