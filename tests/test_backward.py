@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -1248,3 +1250,165 @@ def test_gpu_sm90_dact_rejects_bad_input(fused_mlp):
         op(pre, dy, w, pre, 1, True, False)
     with pytest.raises(RuntimeError, match="activation id"):
         op(pre, dy, w, pre, 99, True, True)
+
+
+# ----------------------------------------------------------------------------- the C++ training node
+
+
+def _node_name(y) -> str:
+    return y.grad_fn.name() if y.grad_fn is not None else ""
+
+
+def _train(fm, t, act, requires=None, lead_x=None):
+    """(y, {name: grad}) of one eager training call on t (no biases), dy = t["dy"]."""
+    a = _leaves(t, GATED_NAMES, requires=requires)
+    x = a["x"] if lead_x is None else a["x"].view(*lead_x, -1, a["x"].shape[-1])
+    y = fm.gated_mlp(x, a["gate_weight"], a["up_weight"], a["down_weight"], act)
+    y.backward(t["dy"].view(y.shape))
+    return y, {n: v.grad for n, v in a.items() if v is not None and v.grad is not None}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_sm90_train_node(gpu, monkeypatch, dtype):
+    """Eager training of the gated MLP without biases runs as gated_gemm_sm90.cu's C++ autograd
+    node where the sm_90a kernels take it (the SM count is patched so that small odd shapes
+    do), and gives the Python path's bits (FUSED_MLP_SM90_TRAIN=0: the same kernels in the same
+    order) for every activation, x with leading dimensions, and only some inputs requiring grad;
+    right against float64."""
+    need_sm90(gpu)
+    monkeypatch.setattr(module(gpu, "sm90"), "_sm_count", lambda index: 1)
+    d, h, o = ODD
+    for i, act in enumerate(ACTS):
+        t = make_gated(777, d, h, o, dtype, "cuda", False, seed=70 + i)
+        cases = [("all", None, None)]
+        if i == 0:
+            cases += [("x [3, 259, D]", None, (3,)), ("weights only", {"gate_weight", "up_weight", "down_weight"}, None),
+                      ("x and W_down", {"x", "down_weight"}, None)]
+        for what, requires, lead in cases:
+            monkeypatch.delenv("FUSED_MLP_SM90_TRAIN", raising=False)
+            y, got = _train(gpu, t, act, requires, lead)
+            assert "GatedTrainSm90" in _node_name(y), (act, what, _node_name(y))
+            monkeypatch.setenv("FUSED_MLP_SM90_TRAIN", "0")
+            y0, want = _train(gpu, t, act, requires, lead)
+            assert "GatedTrainSm90" not in _node_name(y0)
+            assert torch.equal(y, y0), (act, what)
+            assert set(got) == set(want), (act, what, sorted(got), sorted(want))
+            for n in want:
+                assert torch.equal(got[n], want[n]), f"{act} {what}: {n}.grad differs from the Python path's"
+            if what == "all":
+                check_grads(got, ref_grads_gated(gpu, t, act), TOL[dtype], f"C++ node {act}")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_train_node_graph_kept_and_double_backward(gpu, monkeypatch):
+    """retain_graph=True keeps the saved g | u intact (a second backward adds the same
+    gradients again); dy with zero strides (y.sum()) is copied for the kernels; create_graph=True
+    gives a differentiable backward: its second-order gradients against float64 are within
+    twice the Python path's own error (both are bf16 PyTorch ops, in different orders)."""
+    need_sm90(gpu)
+    monkeypatch.setattr(module(gpu, "sm90"), "_sm_count", lambda index: 1)
+    d, h, o = ODD
+    t = make_gated(777, d, h, o, torch.bfloat16, "cuda", False, seed=80)
+    a = _leaves(t, GATED_NAMES)
+    y = gpu.gated_mlp(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "gelu_tanh")
+    assert "GatedTrainSm90" in _node_name(y)
+    y.backward(t["dy"], retain_graph=True)
+    first = {n: a[n].grad.clone() for n in ("x", "gate_weight", "up_weight", "down_weight")}
+    y.backward(t["dy"])
+    for n, g in first.items():
+        assert torch.equal(a[n].grad, 2 * g), f"{n}: the second backward read overwritten pre-activations"
+
+    b = _leaves(t, GATED_NAMES)
+    y = gpu.gated_mlp(b["x"], b["gate_weight"], b["up_weight"], b["down_weight"], "silu")
+    y.sum().backward()  # dy: ones expanded, zero strides
+    ones = {**t, "dy": torch.ones_like(t["dy"])}
+    check_grads({n: b[n].grad for n in first}, ref_grads_gated(gpu, ones, "silu"), TOL[torch.bfloat16], "y.sum()")
+
+    r = _leaves(t, GATED_NAMES, torch.float64, "cpu")
+    yr = gpu.reference.gated_mlp(r["x"], r["gate_weight"], r["up_weight"], r["down_weight"], "silu", None, None, None)
+    (gxr,) = torch.autograd.grad(yr, r["x"], t["dy"].double().cpu(), create_graph=True)
+    (gxr**2).sum().backward()
+    want = {n: r[n].grad for n in ("x", "gate_weight", "up_weight", "down_weight")}
+    want["gx"] = gxr.detach()
+    second = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("FUSED_MLP_SM90_TRAIN", setting)
+        c = _leaves(t, GATED_NAMES)
+        y = gpu.gated_mlp(c["x"], c["gate_weight"], c["up_weight"], c["down_weight"], "silu")
+        assert ("GatedTrainSm90" in _node_name(y)) == (setting == "1")
+        (gx,) = torch.autograd.grad(y, c["x"], t["dy"], create_graph=True)
+        assert gx.requires_grad
+        (gx.float() ** 2).sum().backward()
+        second[setting] = {n: c[n].grad for n in ("x", "gate_weight", "up_weight", "down_weight")}
+        second[setting]["gx"] = gx.detach()
+    for n, w in want.items():
+        err = {s_: rel_err(second[s_][n].cpu(), w) for s_ in second}
+        assert err["1"] <= 2 * err["0"] + 1e-3, f"create_graph: {n} error {err['1']:.2e} (Python path {err['0']:.2e})"
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_train_node_not_taken(gpu, monkeypatch):
+    """The Python Function keeps biases, recompute=True, the packed weight, fp32,
+    FUSED_MLP_SM90_TRAIN=0, FUSED_MLP_BWD_DX=triton and shapes with fewer dh tiles than SMs;
+    each right."""
+    need_sm90(gpu)
+    d, h, o = ODD
+    t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=90)
+    nob = {**t, "gate_bias": None, "up_bias": None, "down_bias": None}
+
+    def node(tc, **kw):
+        a = _leaves(tc, GATED_NAMES)
+        y = gpu.gated_mlp(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "silu", gate_bias=a["gate_bias"],
+                          up_bias=a["up_bias"], down_bias=a["down_bias"], **kw)
+        return _node_name(y)
+
+    assert "GatedTrainSm90" not in node(nob)  # 7 x 2 dh tiles: fewer than the SMs
+    monkeypatch.setattr(module(gpu, "sm90"), "_sm_count", lambda index: 1)
+    assert "GatedTrainSm90" in node(nob)
+    assert "GatedTrainSm90" not in node(t)
+    assert "GatedTrainSm90" not in node(nob, recompute=True)
+    assert "GatedTrainSm90" not in node({k: (v.float() if v is not None else None) for k, v in nob.items()})
+    for env, value in (("FUSED_MLP_SM90_TRAIN", "0"), ("FUSED_MLP_BWD_DX", "triton")):
+        monkeypatch.setenv(env, value)
+        assert "GatedTrainSm90" not in node(nob), env
+        monkeypatch.delenv(env)
+    check_grads(grads_packed(gpu, nob, "silu"), ref_grads_gated(gpu, nob, "silu"), TOL[torch.bfloat16], "packed")
+    check_grads(grads_gated(gpu, t, "silu"), ref_grads_gated(gpu, t, "silu"), TOL[torch.bfloat16], "biases")
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_train_node_first_backward_of_a_process(fused_mlp, tmp_path):
+    """The C++ node's backward as the very first CUDA work of autograd's worker thread (a fresh
+    process): its kernels must not depend on an earlier runtime call having made the device's
+    context current on that thread (cuTensorMapEncodeTiled failed with error 201 before
+    check_common set the device)."""
+    need_sm90(fused_mlp)
+    script = (
+        "import torch\n"
+        "from kernels import get_kernel\n"
+        "fm = get_kernel('org/fused-mlp', version=1)\n"
+        "bf = dict(device='cuda', dtype=torch.bfloat16)\n"
+        "x = torch.randn(4096, 1024, **bf).requires_grad_()\n"
+        "wg, wu = (torch.randn(2816, 1024, **bf).div(32).requires_grad_() for _ in range(2))\n"
+        "wd = torch.randn(1024, 2816, **bf).div(53).requires_grad_()\n"
+        "y = fm.gated_mlp(x, wg, wu, wd, 'silu')\n"
+        "assert 'GatedTrainSm90' in y.grad_fn.name(), y.grad_fn.name()\n"
+        "y.backward(torch.randn_like(y))\n"
+        "assert all(torch.isfinite(t.grad).all() for t in (x, wg, wu, wd))\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_sm90_train_node_not_on_cpu(fused_mlp):
+    """On CPU tensors (and in builds without the sm_90a file) the dispatcher never offers the
+    C++ node: sm90_train is None and training keeps the Python Function."""
+    t = make_gated(5, 8, 16, 8, torch.float32, "cpu", False)
+    a = _leaves(t, GATED_NAMES)
+    assert fused_mlp.dispatch.sm90_train(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "silu") is None
+    y = fused_mlp.gated_mlp(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "silu")
+    assert "GatedTrainSm90" not in _node_name(y) and y.grad_fn is not None

@@ -33,6 +33,10 @@ Training (forward with autograd, then backward), `backward_choice`:
     "triton-interpret" the same under Triton's interpreter
     "reference"        everything else: plain-PyTorch gradients (functional.py), the path
                        gradcheck runs in float64; also everywhere with FUSED_MLP_BACKWARD=reference
+
+On "triton" with sm_90, eager training of the gated MLP without biases, with its
+pre-activations saved, runs as one C++ autograd node (`sm90_train`): the same kernels as
+triton_backward.py in the same order, without Python between them.
 """
 
 from __future__ import annotations
@@ -294,6 +298,21 @@ def backward_choice(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
     if x.shape[0] * width > _MAX_NUMEL:
         return Choice("reference", "the saved pre-activations exceed 2**31 - 1 elements (32-bit indexing)")
     return c
+
+
+def sm90_train(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor,
+               activation: str) -> Optional[Tensor]:
+    """y of an eager training call of the gated MLP (no biases, pre-activations saved, x with
+    any leading dimensions) as gated_gemm_sm90.cu's C++ autograd node, or None where that node
+    does not take it: a path other than "triton", FUSED_MLP_BWD_DX=triton, or what
+    sm90.train_usable refuses (FUSED_MLP_SM90_TRAIN=0 among it). On the device's host the
+    Python training step cost ~730 us against ~240 for the work it runs (NOTES, sessions 18-19)."""
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if not triton_backward.sm90_train_usable(x2, gate_weight, up_weight, down_weight, activation_id(activation)):
+        return None
+    if backward_choice(x2, "gated", (gate_weight, up_weight, down_weight), gate_weight.shape[0]).path != "triton":
+        return None
+    return triton_backward.sm90_train(x, gate_weight, up_weight, down_weight, activation_id(activation))
 
 
 def split_gate_up(gate_weight, up_weight, gate_bias, up_bias):

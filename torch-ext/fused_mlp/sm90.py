@@ -8,6 +8,9 @@ gated_gemm_sm90.cu).
     dact(dy, weight, w_kn, pre, out, activation_id, gated)
         the backward's dh = dy @ W with the activation's derivative as its epilogue
         (triton_gemm.linear_dact's contract, without its h output)
+    train(x, gate_weight, up_weight, down_weight, activation_id)
+        the gated MLP without biases as one C++ autograd node (gate_up, cuBLAS; backward:
+        dact, cuBLAS), where train_usable says so
 
 Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). triton_gemm
 calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
@@ -15,7 +18,8 @@ calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wh
 FUSED_MLP_FAST_TANH=0, for the activations they compute through tanh.approx;
 FUSED_MLP_SM90_CACHE_HINTS=0 drops the L2 hints gate_up uses in training at small sizes;
 FUSED_MLP_SM90_NARROW_DH=0 keeps dact's gated kind on its wide tiles where K <= 768 would take
-the narrow ones, whose epilogue gets g | u by TMA). They take
+the narrow ones, whose epilogue gets g | u by TMA; FUSED_MLP_SM90_TRAIN=0 keeps eager training
+on the Python autograd Function). They take
 bf16 / fp16 tensors with unit column stride, 16-byte aligned rows and N a multiple of 8;
 everything else (fp32, odd strides or offsets, other GPUs, builds without them) stays on
 the Triton kernels (or cuBLASLt's epilogue).
@@ -38,6 +42,8 @@ Tensor = torch.Tensor
 _OP = "gated_gemm_sm90"
 _DACT_OP = "dact_gemm_sm90"
 _LINEAR_OP = "linear_act_sm90"
+_TRAIN_OP = "gated_mlp_train_sm90"  # registered above autograd (CompositeImplicitAutograd)
+_HAS_TRAIN_OP = torch._C._dispatch_has_kernel(add_op_namespace_prefix(_TRAIN_OP))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 # The ops only write their out (and pre) arguments: nothing to compute for fake tensors.
@@ -153,3 +159,18 @@ def linear_act(out: Optional[Tensor], x: Tensor, weight: Tensor, bias: Optional[
         out = torch.empty((x.shape[0], weight.shape[0]), device=x.device, dtype=x.dtype)
     ops.linear_act_sm90(out, x, weight, bias, pre, activation_id)
     return out
+
+
+def train_usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, activation_id: int) -> bool:
+    """Whether `train` takes these tensors (x 2-D): this build has the node, FUSED_MLP_SM90_TRAIN
+    is not 0, and both of its kernels take the shapes as the Python path would run them: gate_up
+    (`usable`) and the gated dact on the [K, N] down weight (`dact_usable`: one tile per SM)."""
+    if not _HAS_TRAIN_OP or os.environ.get("FUSED_MLP_SM90_TRAIN", "1") == "0":
+        return False
+    if not _wanted(x, activation_id) or gate_weight.shape[0] % 8 or not _fills_gpu(x, gate_weight.shape[0]):
+        return False
+    return all(_rows_ok(t) for t in (x, gate_weight, up_weight, down_weight))
+
+
+def train(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, activation_id: int) -> Tensor:
+    return ops.gated_mlp_train_sm90(x, gate_weight, up_weight, down_weight, activation_id)
