@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from . import act_and_mul as _act_and_mul
 from . import reference
+from . import sm90 as _sm90
 from . import triton_backward
 from .activations import activation_id, torch_activation
 
@@ -308,11 +309,12 @@ def sm90_train(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: T
     sm90.train_usable refuses (FUSED_MLP_SM90_TRAIN=0 among it). On the device's host the
     Python training step cost ~730 us against ~240 for the work it runs (NOTES, sessions 18-19)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    if not triton_backward.sm90_train_usable(x2, gate_weight, up_weight, down_weight, activation_id(activation)):
+    act = activation_id(activation)
+    if triton_backward.dx_mode() != "cublas" or not _sm90.train_usable(x2, gate_weight, up_weight, down_weight, act):
         return None
     if backward_choice(x2, "gated", (gate_weight, up_weight, down_weight), gate_weight.shape[0]).path != "triton":
         return None
-    return triton_backward.sm90_train(x, gate_weight, up_weight, down_weight, activation_id(activation))
+    return _sm90.train(x, gate_weight, up_weight, down_weight, act)
 
 
 def split_gate_up(gate_weight, up_weight, gate_bias, up_bias):

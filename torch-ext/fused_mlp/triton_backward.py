@@ -147,24 +147,6 @@ def _dx_gated(tg, dx: Tensor, dgu: Tensor, n: int, wg: Tensor, wu: Tensor, accum
     dx.addmm_(du, wu)
 
 
-def _sm90():
-    from . import sm90  # the module that knows the sm_90a ops (imports no Triton)
-
-    return sm90
-
-
-def sm90_train_usable(x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, activation_id: int) -> bool:
-    """Whether gated_gemm_sm90.cu's C++ training node takes these tensors (x 2-D): the
-    cuBLAS form of dx (dx_mode) and sm90.train_usable."""
-    return dx_mode() == "cublas" and _sm90().train_usable(x, wg, wu, wd, activation_id)
-
-
-def sm90_train(x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor, activation_id: int) -> Tensor:
-    """y = the gated MLP of x (any leading dims) through the C++ node: forward and backward as
-    gated_train_forward and gated_backward compute them here (saved g | u, cuBLAS dx)."""
-    return _sm90().train(x, wg, wu, wd, activation_id)
-
-
 # Bits of `needs` (which gradients to compute).
 NEED_DX, NEED_DW_IN, NEED_DW_OUT, NEED_DB_IN, NEED_DB_OUT = 1, 2, 4, 8, 16
 
