@@ -1108,3 +1108,22 @@ def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
         check(run_plain(fused_mlp, p, "gelu_tanh", layout).cpu(), ref_plain(fused_mlp, p, "gelu_tanh", layout),
               TOL[torch.bfloat16], layout)
         assert len(calls) == want, (layout, sms)
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_ops_keep_current_device(fused_mlp):
+    """An sm_90a op on tensors of another GPU leaves the caller's current device as it was (the
+    ops make their device's context current for the TMA encode, inside c10's device guard)."""
+    need_sm90(fused_mlp)
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    bf = dict(device="cuda:1", dtype=torch.bfloat16)
+    x, w = torch.randn(128, 64, **bf), torch.randn(64, 64, **bf)
+    out = torch.empty(128, 64, **bf)
+    with torch.cuda.device(0):
+        fused_mlp.ops.gated_gemm_sm90(out, x, w, w, None, None, None, ids["silu"])
+        fused_mlp.ops.linear_act_sm90(out, x, w, None, None, ids["relu"])
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    check(out.cpu(), torch.relu(x.double() @ w.double().t()).cpu(), TOL[torch.bfloat16], "on cuda:1")

@@ -155,14 +155,19 @@ int check_common(const char* op, const at::Tensor& a, const char* name, int64_t 
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   FUSED_MLP_CHECK(major == 9 && minor == 0, "fused_mlp: ", op, " runs on sm_90 GPUs only, this one is sm_",
                   major * 10 + minor);
-  // The device's primary context current on this thread before the driver call that encodes
-  // the TMA descriptors: a thread that has made no runtime call yet (autograd's worker thread
-  // running the C++ training node's backward first thing in a process) has none, and
-  // cuTensorMapEncodeTiled then fails with CUDA_ERROR_INVALID_CONTEXT (201). c10's device guard
-  // skips cudaSetDevice when the device index already matches, so it is called here.
-  C10_CUDA_CHECK(cudaSetDevice(device));
   return device;
 }
+
+// c10's device guard for t's device, and that device's primary context current on this thread
+// before the driver call that encodes the TMA descriptors: a thread that has made no runtime
+// call yet (autograd's worker thread running the C++ training node's backward first thing in a
+// process) has none, and cuTensorMapEncodeTiled then fails with CUDA_ERROR_INVALID_CONTEXT
+// (201). The guard skips cudaSetDevice when the device index already matches, so it is called
+// here, after the guard took note of the caller's device (which it restores on exit).
+struct DeviceScope {
+  c10::cuda::CUDAGuard guard;
+  explicit DeviceScope(const at::Tensor& t) : guard(t.device()) { C10_CUDA_CHECK(cudaSetDevice(t.get_device())); }
+};
 
 void check_sizes(const char* op, int64_t M, int64_t N, int64_t K) {
   FUSED_MLP_CHECK(N % 8 == 0, "fused_mlp: ", op, " needs N (the hidden size) a multiple of 8, got ", N);
@@ -176,7 +181,7 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128,
                   "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
   const int device = check_common("gated_gemm_sm90", x, "x", activation);
-  const c10::cuda::CUDAGuard guard(x.device());
+  const DeviceScope scope(x);
   check_rows("gated_gemm_sm90", x, "x", x);
   check_rows("gated_gemm_sm90", gate_weight, "gate_weight", x);
   check_rows("gated_gemm_sm90", up_weight, "up_weight", x);
@@ -241,7 +246,7 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
 void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& pre,
                     int64_t activation, bool gated, bool weight_kn) {
   const int device = check_common("dact_gemm_sm90", dy, "dy", activation);
-  const c10::cuda::CUDAGuard guard(dy.device());
+  const DeviceScope scope(dy);
   check_rows("dact_gemm_sm90", dy, "dy", dy);
   check_rows("dact_gemm_sm90", weight, "weight", dy);
   check_rows("dact_gemm_sm90", pre, "pre", dy);
@@ -297,7 +302,7 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& pre,
                      int64_t activation) {
   const int device = check_common("linear_act_sm90", x, "x", activation);
-  const c10::cuda::CUDAGuard guard(x.device());
+  const DeviceScope scope(x);
   check_rows("linear_act_sm90", x, "x", x);
   check_rows("linear_act_sm90", weight, "weight", x);
   check_rows("linear_act_sm90", out, "out", x);
