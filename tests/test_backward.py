@@ -1182,6 +1182,7 @@ def test_gpu_sm90_dact_is_dispatched(fused_mlp, monkeypatch):
     kernel with fewer; gradients right."""
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setenv("FUSED_MLP_SM90_TRAIN", "0")  # the Python path's calls (the C++ nodes call the op)
     sm90 = module(fused_mlp, "sm90")
     calls = spy(monkeypatch, sm90, "dact", lambda a: a[2])  # w_kn
     d, h, o = ODD
@@ -1252,95 +1253,156 @@ def test_gpu_sm90_dact_rejects_bad_input(fused_mlp):
         op(pre, dy, w, pre, 99, True, True)
 
 
-# ----------------------------------------------------------------------------- the C++ training node
+# ----------------------------------------------------------------------------- the C++ training nodes
+
+PACKED_NAMES = ("x", "gate_up_weight", "down_weight", "gate_up_bias", "down_bias")
+NODE_NAMES = {"gated": GATED_NAMES, "packed": PACKED_NAMES, "plain": PLAIN_NAMES}
+NODE = {"gated": "GatedTrainSm90", "packed": "GatedTrainSm90", "plain": "PlainTrainSm90"}
+NODE_KINDS = tuple(NODE)
 
 
 def _node_name(y) -> str:
     return y.grad_fn.name() if y.grad_fn is not None else ""
 
 
-def _train(fm, t, act, requires=None, lead_x=None):
-    """(y, {name: grad}) of one eager training call on t (no biases), dy = t["dy"]."""
-    a = _leaves(t, GATED_NAMES, requires=requires)
+def make_node_case(kind, m, dtype, bias, seed, layout="linear"):
+    """Inputs of one MLP of `kind` ("gated", "packed": the gate_up weight [Wg; Wu], "plain") on
+    ODD's sizes, on the GPU."""
+    d, h, o = ODD
+    if kind == "plain":
+        return make_plain(m, d, h, o, dtype, "cuda", bias, layout, seed=seed)
+    t = make_gated(m, d, h, o, dtype, "cuda", bias, seed=seed)
+    if kind == "gated":
+        return t
+    return {"x": t["x"], "gate_up_weight": torch.cat([t["gate_weight"], t["up_weight"]]),
+            "down_weight": t["down_weight"], "down_bias": t["down_bias"], "dy": t["dy"],
+            "gate_up_bias": torch.cat([t["gate_bias"], t["up_bias"]]) if bias else None}
+
+
+def _node_call(fm, kind, a, act, x=None, layout="linear", **kw):
+    """The public function of `kind` on the tensors a (x replaced by `x` if given)."""
+    x = a["x"] if x is None else x
+    if kind == "gated":
+        return fm.gated_mlp(x, a["gate_weight"], a["up_weight"], a["down_weight"], act, gate_bias=a["gate_bias"],
+                            up_bias=a["up_bias"], down_bias=a["down_bias"], **kw)
+    if kind == "packed":
+        return fm.gated_mlp_packed(x, a["gate_up_weight"], a["down_weight"], act, gate_up_bias=a["gate_up_bias"],
+                                   down_bias=a["down_bias"], **kw)
+    return fm.mlp(x, a["fc_weight"], a["fc_bias"], a["proj_weight"], a["proj_bias"], act, layout, **kw)
+
+
+def _node_ref(fm, kind, a, act, layout="linear"):
+    """reference.py's function of `kind` on the tensors a (float64 autograd through it)."""
+    r = fm.reference
+    if kind == "plain":
+        return r.mlp(a["x"], a["fc_weight"], a["fc_bias"], a["proj_weight"], a["proj_bias"], act, layout)
+    if kind == "gated":
+        wg, wu, bg, bu = a["gate_weight"], a["up_weight"], a["gate_bias"], a["up_bias"]
+    else:
+        h = a["gate_up_weight"].shape[0] // 2
+        wg, wu, b = a["gate_up_weight"][:h], a["gate_up_weight"][h:], a["gate_up_bias"]
+        bg, bu = (None, None) if b is None else (b[:h], b[h:])
+    return r.gated_mlp(a["x"], wg, wu, a["down_weight"], act, bg, bu, a["down_bias"])
+
+
+def _node_ref_grads(fm, kind, t, act, layout="linear"):
+    a = _leaves(t, NODE_NAMES[kind], torch.float64, "cpu")
+    _node_ref(fm, kind, a, act, layout).backward(t["dy"].double().cpu())
+    return {n: v.grad for n, v in a.items() if v is not None}
+
+
+def _train(fm, kind, t, act, requires=None, lead_x=None, layout="linear"):
+    """(y, {name: grad}) of one eager training call of `kind` on t, dy = t["dy"]."""
+    a = _leaves(t, NODE_NAMES[kind], requires=requires)
     x = a["x"] if lead_x is None else a["x"].view(*lead_x, -1, a["x"].shape[-1])
-    y = fm.gated_mlp(x, a["gate_weight"], a["up_weight"], a["down_weight"], act)
+    y = _node_call(fm, kind, a, act, x, layout)
     y.backward(t["dy"].view(y.shape))
     return y, {n: v.grad for n, v in a.items() if v is not None and v.grad is not None}
 
 
+# Inputs that require grad in the partial cases (names of absent biases are ignored).
+NODE_PARTIAL = {
+    "gated": [{"gate_weight", "up_weight", "down_weight"}, {"x", "down_weight", "up_bias"}],
+    "packed": [{"gate_up_weight", "down_bias"}, {"x"}],
+    "plain": [{"fc_weight", "proj_weight", "proj_bias"}, {"x", "fc_bias"}],
+}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", NODE_KINDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_sm90_train_node(gpu, monkeypatch, dtype):
-    """Eager training of the gated MLP without biases runs as gated_gemm_sm90.cu's C++ autograd
-    node where the sm_90a kernels take it (the SM count is patched so that small odd shapes
-    do), and gives the Python path's bits (FUSED_MLP_SM90_TRAIN=0: the same kernels in the same
-    order) for every activation, x with leading dimensions, and only some inputs requiring grad;
-    right against float64."""
+def test_gpu_sm90_train_node(gpu, monkeypatch, dtype, kind):
+    """Eager training runs as train_sm90.cu's C++ autograd node where the sm_90a kernels take it
+    (the SM count is patched so that small odd shapes do): the gated MLP and the packed one
+    (GatedTrainSm90) and the plain MLP in nn.Linear's layout (PlainTrainSm90), with and without
+    biases. Each gives the Python path's bits (FUSED_MLP_SM90_TRAIN=0: the same kernels in the
+    same order) for every activation, x with leading dimensions, and only some inputs requiring
+    grad; and is right against float64."""
     need_sm90(gpu)
     monkeypatch.setattr(module(gpu, "sm90"), "_sm_count", lambda index: 1)
-    d, h, o = ODD
     for i, act in enumerate(ACTS):
-        t = make_gated(777, d, h, o, dtype, "cuda", False, seed=70 + i)
-        cases = [("all", None, None)]
-        if i == 0:
-            cases += [("x [3, 259, D]", None, (3,)), ("weights only", {"gate_weight", "up_weight", "down_weight"}, None),
-                      ("x and W_down", {"x", "down_weight"}, None)]
-        for what, requires, lead in cases:
-            monkeypatch.delenv("FUSED_MLP_SM90_TRAIN", raising=False)
-            y, got = _train(gpu, t, act, requires, lead)
-            assert "GatedTrainSm90" in _node_name(y), (act, what, _node_name(y))
-            monkeypatch.setenv("FUSED_MLP_SM90_TRAIN", "0")
-            y0, want = _train(gpu, t, act, requires, lead)
-            assert "GatedTrainSm90" not in _node_name(y0)
-            assert torch.equal(y, y0), (act, what)
-            assert set(got) == set(want), (act, what, sorted(got), sorted(want))
-            for n in want:
-                assert torch.equal(got[n], want[n]), f"{act} {what}: {n}.grad differs from the Python path's"
-            if what == "all":
-                check_grads(got, ref_grads_gated(gpu, t, act), TOL[dtype], f"C++ node {act}")
+        for bias in (False, True):
+            t = make_node_case(kind, 777, dtype, bias, seed=70 + 2 * i + bias)
+            cases = [("all", None, None)]
+            if i == 0:
+                cases += [("x [3, 259, D]", None, (3,))] + [(f"only {r}", r, None) for r in NODE_PARTIAL[kind]]
+            for what, requires, lead in cases:
+                what = f"{kind} {act} bias={bias} {what}"
+                monkeypatch.delenv("FUSED_MLP_SM90_TRAIN", raising=False)
+                y, got = _train(gpu, kind, t, act, requires, lead)
+                assert NODE[kind] in _node_name(y), (what, _node_name(y))
+                monkeypatch.setenv("FUSED_MLP_SM90_TRAIN", "0")
+                y0, want = _train(gpu, kind, t, act, requires, lead)
+                assert "Sm90" not in _node_name(y0), (what, _node_name(y0))
+                assert torch.equal(y, y0), what
+                assert set(got) == set(want), (what, sorted(got), sorted(want))
+                for n in want:
+                    assert torch.equal(got[n], want[n]), f"{what}: {n}.grad differs from the Python path's"
+                if requires is None and lead is None:
+                    check_grads(got, _node_ref_grads(gpu, kind, t, act), TOL[dtype], f"C++ node: {what}")
 
 
 @pytest.mark.gpu
-def test_gpu_sm90_train_node_graph_kept_and_double_backward(gpu, monkeypatch):
-    """retain_graph=True keeps the saved g | u intact (a second backward adds the same
+@pytest.mark.parametrize("kind", NODE_KINDS)
+def test_gpu_sm90_train_node_graph_kept_and_double_backward(gpu, monkeypatch, kind):
+    """retain_graph=True keeps the saved pre-activations intact (a second backward adds the same
     gradients again); dy with zero strides (y.sum()) is copied for the kernels; create_graph=True
     gives a differentiable backward: its second-order gradients against float64 are within
     twice the Python path's own error (both are bf16 PyTorch ops, in different orders)."""
     need_sm90(gpu)
     monkeypatch.setattr(module(gpu, "sm90"), "_sm_count", lambda index: 1)
-    d, h, o = ODD
-    t = make_gated(777, d, h, o, torch.bfloat16, "cuda", False, seed=80)
-    a = _leaves(t, GATED_NAMES)
-    y = gpu.gated_mlp(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "gelu_tanh")
-    assert "GatedTrainSm90" in _node_name(y)
+    names = NODE_NAMES[kind]
+    t = make_node_case(kind, 777, torch.bfloat16, kind != "gated", seed=80)
+    a = _leaves(t, names)
+    y = _node_call(gpu, kind, a, "gelu_tanh")
+    assert NODE[kind] in _node_name(y)
     y.backward(t["dy"], retain_graph=True)
-    first = {n: a[n].grad.clone() for n in ("x", "gate_weight", "up_weight", "down_weight")}
+    first = {n: v.grad.clone() for n, v in a.items() if v is not None}
     y.backward(t["dy"])
     for n, g in first.items():
         assert torch.equal(a[n].grad, 2 * g), f"{n}: the second backward read overwritten pre-activations"
 
-    b = _leaves(t, GATED_NAMES)
-    y = gpu.gated_mlp(b["x"], b["gate_weight"], b["up_weight"], b["down_weight"], "silu")
-    y.sum().backward()  # dy: ones expanded, zero strides
+    b = _leaves(t, names)
+    _node_call(gpu, kind, b, "silu").sum().backward()  # dy: ones expanded, zero strides
     ones = {**t, "dy": torch.ones_like(t["dy"])}
-    check_grads({n: b[n].grad for n in first}, ref_grads_gated(gpu, ones, "silu"), TOL[torch.bfloat16], "y.sum()")
+    check_grads({n: b[n].grad for n in first}, _node_ref_grads(gpu, kind, ones, "silu"), TOL[torch.bfloat16],
+                "y.sum()")
 
-    r = _leaves(t, GATED_NAMES, torch.float64, "cpu")
-    yr = gpu.reference.gated_mlp(r["x"], r["gate_weight"], r["up_weight"], r["down_weight"], "silu", None, None, None)
-    (gxr,) = torch.autograd.grad(yr, r["x"], t["dy"].double().cpu(), create_graph=True)
+    r = _leaves(t, names, torch.float64, "cpu")
+    (gxr,) = torch.autograd.grad(_node_ref(gpu, kind, r, "silu"), r["x"], t["dy"].double().cpu(), create_graph=True)
     (gxr**2).sum().backward()
-    want = {n: r[n].grad for n in ("x", "gate_weight", "up_weight", "down_weight")}
+    want = {n: r[n].grad for n in first}
     want["gx"] = gxr.detach()
     second = {}
     for setting in ("1", "0"):
         monkeypatch.setenv("FUSED_MLP_SM90_TRAIN", setting)
-        c = _leaves(t, GATED_NAMES)
-        y = gpu.gated_mlp(c["x"], c["gate_weight"], c["up_weight"], c["down_weight"], "silu")
-        assert ("GatedTrainSm90" in _node_name(y)) == (setting == "1")
+        c = _leaves(t, names)
+        y = _node_call(gpu, kind, c, "silu")
+        assert (NODE[kind] in _node_name(y)) == (setting == "1")
         (gx,) = torch.autograd.grad(y, c["x"], t["dy"], create_graph=True)
         assert gx.requires_grad
         (gx.float() ** 2).sum().backward()
-        second[setting] = {n: c[n].grad for n in ("x", "gate_weight", "up_weight", "down_weight")}
+        second[setting] = {n: c[n].grad for n in first}
         second[setting]["gx"] = gx.detach()
     for n, w in want.items():
         err = {s_: rel_err(second[s_][n].cpu(), w) for s_ in second}
@@ -1348,33 +1410,34 @@ def test_gpu_sm90_train_node_graph_kept_and_double_backward(gpu, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_sm90_train_node_not_taken(gpu, monkeypatch):
-    """The Python Function keeps biases, recompute=True, the packed weight, fp32,
-    FUSED_MLP_SM90_TRAIN=0, FUSED_MLP_BWD_DX=triton and shapes with fewer dh tiles than SMs;
-    each right."""
+@pytest.mark.parametrize("kind", NODE_KINDS)
+def test_gpu_sm90_train_node_not_taken(gpu, monkeypatch, kind):
+    """The Python Functions keep shapes with fewer dh tiles than SMs, recompute=True, fp32,
+    FUSED_MLP_SM90_TRAIN=0, FUSED_MLP_BWD_DX=triton (gated) and Conv1D weights (plain); each
+    right against float64."""
     need_sm90(gpu)
-    d, h, o = ODD
-    t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=90)
-    nob = {**t, "gate_bias": None, "up_bias": None, "down_bias": None}
+    t = make_node_case(kind, 777, torch.bfloat16, True, seed=90)
 
-    def node(tc, **kw):
-        a = _leaves(tc, GATED_NAMES)
-        y = gpu.gated_mlp(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "silu", gate_bias=a["gate_bias"],
-                          up_bias=a["up_bias"], down_bias=a["down_bias"], **kw)
-        return _node_name(y)
+    def node(tc, layout="linear", **kw):
+        return _node_name(_node_call(gpu, kind, _leaves(tc, NODE_NAMES[kind]), "silu", layout=layout, **kw))
 
-    assert "GatedTrainSm90" not in node(nob)  # 7 x 2 dh tiles: fewer than the SMs
+    assert NODE[kind] not in node(t)  # 7 x 2 dh tiles: fewer than the SMs
+    _, got = _train(gpu, kind, t, "silu")
+    check_grads(got, _node_ref_grads(gpu, kind, t, "silu"), TOL[torch.bfloat16], f"{kind}, few tiles")
     monkeypatch.setattr(module(gpu, "sm90"), "_sm_count", lambda index: 1)
-    assert "GatedTrainSm90" in node(nob)
-    assert "GatedTrainSm90" not in node(t)
-    assert "GatedTrainSm90" not in node(nob, recompute=True)
-    assert "GatedTrainSm90" not in node({k: (v.float() if v is not None else None) for k, v in nob.items()})
-    for env, value in (("FUSED_MLP_SM90_TRAIN", "0"), ("FUSED_MLP_BWD_DX", "triton")):
+    assert NODE[kind] in node(t)
+    assert NODE[kind] not in node(t, recompute=True)
+    assert NODE[kind] not in node({k: (v.float() if v is not None else None) for k, v in t.items()})
+    envs = [("FUSED_MLP_SM90_TRAIN", "0")] + ([("FUSED_MLP_BWD_DX", "triton")] if kind != "plain" else [])
+    for env, value in envs:
         monkeypatch.setenv(env, value)
-        assert "GatedTrainSm90" not in node(nob), env
+        assert NODE[kind] not in node(t), env
         monkeypatch.delenv(env)
-    check_grads(grads_packed(gpu, nob, "silu"), ref_grads_gated(gpu, nob, "silu"), TOL[torch.bfloat16], "packed")
-    check_grads(grads_gated(gpu, t, "silu"), ref_grads_gated(gpu, t, "silu"), TOL[torch.bfloat16], "biases")
+    if kind == "plain":
+        c = make_node_case(kind, 777, torch.bfloat16, True, seed=91, layout="conv1d")
+        assert NODE[kind] not in node(c, "conv1d")
+        _, got = _train(gpu, kind, c, "silu", layout="conv1d")
+        check_grads(got, _node_ref_grads(gpu, kind, c, "silu", "conv1d"), TOL[torch.bfloat16], "conv1d")
 
 
 @pytest.mark.gpu
@@ -1405,10 +1468,15 @@ def test_gpu_sm90_train_node_first_backward_of_a_process(fused_mlp, tmp_path):
 
 
 def test_sm90_train_node_not_on_cpu(fused_mlp):
-    """On CPU tensors (and in builds without the sm_90a file) the dispatcher never offers the
-    C++ node: sm90_train is None and training keeps the Python Function."""
-    t = make_gated(5, 8, 16, 8, torch.float32, "cpu", False)
+    """On CPU tensors (and in builds without the sm_90a files) the dispatcher never offers the
+    C++ nodes: sm90_train and sm90_mlp_train are None and training keeps the Python Functions."""
+    t = make_gated(5, 8, 16, 8, torch.float32, "cpu", True)
     a = _leaves(t, GATED_NAMES)
     assert fused_mlp.dispatch.sm90_train(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "silu") is None
     y = fused_mlp.gated_mlp(a["x"], a["gate_weight"], a["up_weight"], a["down_weight"], "silu")
-    assert "GatedTrainSm90" not in _node_name(y) and y.grad_fn is not None
+    assert "Sm90" not in _node_name(y) and y.grad_fn is not None
+    p = _leaves(make_plain(5, 8, 16, 8, torch.float32, "cpu", True, "linear"), PLAIN_NAMES)
+    args = (p["x"], p["fc_weight"], p["fc_bias"], p["proj_weight"], p["proj_bias"], "gelu_tanh")
+    assert fused_mlp.dispatch.sm90_mlp_train(*args, "linear") is None
+    y = fused_mlp.mlp(*args)
+    assert "Sm90" not in _node_name(y) and y.grad_fn is not None

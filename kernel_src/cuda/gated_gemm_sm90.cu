@@ -1,5 +1,6 @@
 // Host side of the warp-specialized sm_90a GEMMs (the kernel and its design notes are in
 // gated_gemm_sm90_kernel.cuh): argument checks, TMA descriptors, launch, op registration.
+// train_sm90.cu builds the training steps' autograd nodes on these functions.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -8,14 +9,13 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/autograd.h>
-#include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <cstdlib>
 
 #include "activations.h"
+#include "gated_gemm_sm90.h"
 #include "gated_gemm_sm90_kernel.cuh"
 
 namespace fused_mlp {
@@ -339,125 +339,6 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   });
 }
 
-// ---- the gated MLP's training step without Python between the kernels ----------------------
-//
-// gated_mlp_train_sm90(x, gate_weight, up_weight, down_weight, activation) -> y: the gated MLP
-// (no biases) as a C++ autograd node. Forward: gated_gemm_sm90 writes h and the pre-activations
-// g | u, cuBLAS y = h Wd^T. Backward: dact_gemm_sm90 writes dg | du (over the saved g | u
-// unless the graph is kept for another backward), then cuBLAS dWd = dy^T h, [dWg; dWu] =
-// (dg | du)^T x in one GEMM, dx = dg Wg + du Wu (mm + addmm_): the same kernels, in the same
-// order, as triton_backward.gated_backward on this path, so the same bits. On the device's host
-// the Python forward and backward of that path cost ~240 us of a step's ~730 and run about
-// twice as slow on autograd's worker thread (NOTES, sessions 18 and 19); here only C++ runs
-// there. dispatch.sm90_train decides when it is taken (eager, no biases, saved
-// pre-activations, shapes the sm_90a kernels take); everything else stays on the Python path.
-// create_graph=True (a double backward): the gradients come from autograd over PyTorch ops
-// recomputing the forward from the saved inputs, as the Python path does.
-
-// act(g) in PyTorch ops (differentiable), for the double-backward path.
-at::Tensor torch_activation(const at::Tensor& g, int64_t activation) {
-  switch (static_cast<Activation>(activation)) {
-    case Activation::kIdentity:
-      return g;
-    case Activation::kSilu:
-      return at::silu(g);
-    case Activation::kGeluTanh:
-      return at::gelu(g, "tanh");
-    case Activation::kGelu:
-      return at::gelu(g);
-    case Activation::kRelu:
-      return at::relu(g);
-    case Activation::kRelu2: {
-      const at::Tensor r = at::relu(g);
-      return at::mul(r, r);
-    }
-    case Activation::kQuickGelu:
-      return at::mul(g, at::sigmoid(at::mul(g, 1.702)));
-  }
-  FUSED_MLP_CHECK(false, "fused_mlp: activation id ", activation, " is not one of 0..", kNumActivations - 1);
-  return g;
-}
-
-// A tensor the sm_90a kernels read as it is: unit column stride, 16-byte aligned rows (else a
-// contiguous copy: dy of y.sum() is an expanded tensor with zero strides).
-at::Tensor kernel_rows(const at::Tensor& t) {
-  const bool ok = t.dim() == 2 && t.stride(1) == 1 && t.stride(0) % 8 == 0 &&
-                  reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  return ok ? t : t.contiguous();
-}
-
-struct GatedTrainSm90 : public torch::autograd::Function<GatedTrainSm90> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wg,
-                            const at::Tensor& wu, const at::Tensor& wd, int64_t activation) {
-    const int64_t hidden = wg.size(0);
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    const int64_t m = x2.size(0);
-    at::Tensor gu = at::empty({m, 2 * hidden}, x.options());
-    at::Tensor h = at::empty({m, hidden}, x.options());
-    gated_gemm_sm90(h, x2, wg, wu, c10::nullopt, c10::nullopt, gu, activation, 0);
-    at::Tensor y = at::mm(h, wd.t());
-    ctx->save_for_backward({x, wg, wu, wd, gu, h});
-    ctx->saved_data["activation"] = activation;
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-    shape.push_back(wd.size(0));
-    return x.dim() == 2 ? y : y.view(shape);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const at::Tensor& dy_in = grads[0];
-    if (!dy_in.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &wg = saved[1], &wu = saved[2], &wd = saved[3];
-    at::Tensor gu = saved[4];
-    const at::Tensor& h = saved[5];
-    const int64_t activation = ctx->saved_data["activation"].toInt();
-    const bool need[4] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2),
-                          ctx->needs_input_grad(3)};
-    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    const at::Tensor dy = kernel_rows(dy_in.reshape({-1, dy_in.size(-1)}));
-    if (at::GradMode::is_enabled()) {
-      // create_graph=True: differentiable gradients from PyTorch ops on the saved inputs.
-      const at::Tensor g = at::mm(x2, wg.t()), u = at::mm(x2, wu.t());
-      const at::Tensor y = at::mm(at::mul(torch_activation(g, activation), u), wd.t());
-      std::vector<at::Tensor> inputs, outs(4);
-      std::vector<int> which;
-      const at::Tensor* all[4] = {&x, &wg, &wu, &wd};
-      for (int i = 0; i < 4; ++i)
-        if (need[i]) {
-          inputs.push_back(*all[i]);
-          which.push_back(i);
-        }
-      const auto got = torch::autograd::grad({y}, inputs, {dy}, /*retain_graph=*/true, /*create_graph=*/true,
-                                             /*allow_unused=*/true);
-      for (size_t j = 0; j < which.size(); ++j) outs[which[j]] = got[j];
-      return {outs[0], outs[1], outs[2], outs[3], at::Tensor()};
-    }
-    const int64_t hidden = wg.size(0);
-    // dg | du over the saved g | u unless another backward will read them (retain_graph=True).
-    at::Tensor dgu = torch::autograd::get_current_graph_task_keep_graph() ? at::empty_like(gu) : gu;
-    dact_gemm_sm90(dgu, dy, wd, gu, activation, /*gated=*/true, /*weight_kn=*/true);
-    at::Tensor dx, dwg, dwu, dwd;
-    if (need[3]) dwd = at::mm(dy.t(), h);
-    if (need[1] || need[2]) {
-      const at::Tensor dwgu = at::mm(dgu.t(), x2);  // [2H, D]: both weight gradients in one GEMM
-      if (need[1]) dwg = dwgu.narrow(0, 0, hidden);
-      if (need[2]) dwu = dwgu.narrow(0, hidden, hidden);
-    }
-    if (need[0]) {
-      dx = at::mm(dgu.narrow(1, 0, hidden), wg);
-      dx.addmm_(dgu.narrow(1, hidden, hidden), wu);
-      dx = x.dim() == 2 ? dx : dx.view(x.sizes());
-    }
-    return {dx, dwg, dwu, dwd, at::Tensor()};
-  }
-};
-
-at::Tensor gated_mlp_train_sm90(const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
-                                const at::Tensor& down_weight, int64_t activation) {
-  return GatedTrainSm90::apply(x, gate_weight, up_weight, down_weight, activation);
-}
-
 }  // namespace sm90
 }  // namespace fused_mlp
 
@@ -475,7 +356,4 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
   ops.impl("dact_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::dact_gemm_sm90);
   ops.def("linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation) -> ()");
   ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);
-  // Above autograd (its own C++ node): eager training only; torch.compile traces the Python ops.
-  ops.def("gated_mlp_train_sm90(Tensor x, Tensor gate_weight, Tensor up_weight, Tensor down_weight, int activation) -> Tensor");
-  ops.impl("gated_mlp_train_sm90", c10::DispatchKey::CompositeImplicitAutograd, &fused_mlp::sm90::gated_mlp_train_sm90);
 }

@@ -34,9 +34,10 @@ Training (forward with autograd, then backward), `backward_choice`:
     "reference"        everything else: plain-PyTorch gradients (functional.py), the path
                        gradcheck runs in float64; also everywhere with FUSED_MLP_BACKWARD=reference
 
-On "triton" with sm_90, eager training of the gated MLP without biases, with its
-pre-activations saved, runs as one C++ autograd node (`sm90_train`): the same kernels as
-triton_backward.py in the same order, without Python between them.
+On "triton" with sm_90, eager training with the pre-activations saved runs as one C++ autograd
+node where both sm_90a kernels take the shapes: the gated MLP (packed or not, with or without
+biases: `sm90_train`) and the plain MLP in nn.Linear's layout (`sm90_mlp_train`); the same
+kernels as triton_backward.py in the same order, without Python between them.
 """
 
 from __future__ import annotations
@@ -301,20 +302,49 @@ def backward_choice(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
     return c
 
 
-def sm90_train(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor,
-               activation: str) -> Optional[Tensor]:
-    """y of an eager training call of the gated MLP (no biases, pre-activations saved, x with
-    any leading dimensions) as gated_gemm_sm90.cu's C++ autograd node, or None where that node
-    does not take it: a path other than "triton", FUSED_MLP_BWD_DX=triton, or what
-    sm90.train_usable refuses (FUSED_MLP_SM90_TRAIN=0 among it). On the device's host the
-    Python training step cost ~730 us against ~240 for the work it runs (NOTES, sessions 18-19)."""
+def _bias_ones(x2: Tensor, *biases: Optional[Tensor]) -> Optional[Tensor]:
+    """M ones for a training node's bias gradients (triton_backward.column_sum's cached vector),
+    or None where no bias is given."""
+    if all(b is None for b in biases):
+        return None
+    return triton_backward._ones(x2.shape[0], x2.device, x2.dtype)
+
+
+def sm90_train(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weight: Tensor, activation: str,
+               gate_bias: Optional[Tensor] = None, up_bias: Optional[Tensor] = None,
+               down_bias: Optional[Tensor] = None) -> Optional[Tensor]:
+    """y of an eager training call of the gated MLP (pre-activations saved, x with any leading
+    dimensions; up_weight None: gate_weight / gate_bias are the packed gate_up tensors) as
+    train_sm90.cu's C++ autograd node, or None where that node does not take it: a path other
+    than "triton", FUSED_MLP_BWD_DX=triton, or what sm90.train_usable refuses
+    (FUSED_MLP_SM90_TRAIN=0 among it). On the device's host the Python training step cost ~730 us
+    against ~240 for the work it runs (NOTES, sessions 18-19)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     act = activation_id(activation)
-    if triton_backward.dx_mode() != "cublas" or not _sm90.train_usable(x2, gate_weight, up_weight, down_weight, act):
+    if (triton_backward.dx_mode() != "cublas"
+            or not _sm90.train_usable(x2, gate_weight, up_weight, down_weight, act, gate_bias, up_bias)):
         return None
-    if backward_choice(x2, "gated", (gate_weight, up_weight, down_weight), gate_weight.shape[0]).path != "triton":
+    wg, wu, _, _ = split_gate_up(gate_weight, up_weight, None, None)
+    if backward_choice(x2, "gated", (wg, wu, down_weight), wg.shape[0]).path != "triton":
         return None
-    return _sm90.train(x, gate_weight, up_weight, down_weight, act)
+    return _sm90.train(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias,
+                       _bias_ones(x2, gate_bias, up_bias, down_bias))
+
+
+def sm90_mlp_train(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
+                   proj_bias: Optional[Tensor], activation: str, weight_layout: str) -> Optional[Tensor]:
+    """y of an eager training call of the plain MLP (pre-activations saved, nn.Linear's layout)
+    as train_sm90.cu's C++ autograd node, or None where it does not take it (as sm90_train;
+    Conv1D weights stay on the Python path, whose first GEMM is then a Triton kernel)."""
+    if weight_layout != "linear":
+        return None
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    act = activation_id(activation)
+    if not _sm90.mlp_train_usable(x2, fc_weight, fc_bias, proj_weight, act):
+        return None
+    if backward_choice(x2, "mlp", (fc_weight, proj_weight), fc_weight.shape[0]).path != "triton":
+        return None
+    return _sm90.mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, _bias_ones(x2, fc_bias, proj_bias))
 
 
 def split_gate_up(gate_weight, up_weight, gate_bias, up_bias):

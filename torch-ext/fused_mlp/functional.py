@@ -352,10 +352,9 @@ def gated_mlp(
     act = canonical_activation(activation)
     _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)
     if _needs_grad(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
-        if (_run_direct(x) and not recompute and gate_bias is None and up_bias is None and down_bias is None
-                and x.is_cuda):
-            y = dispatch.sm90_train(x, gate_weight, up_weight, down_weight, act)  # one C++ autograd node
-            if y is not None:
+        if _run_direct(x) and not recompute and x.is_cuda:
+            y = dispatch.sm90_train(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias)
+            if y is not None:  # one C++ autograd node
                 return y
         train = _GatedTrain.apply if _run_direct(x) else _gated_mlp_train_op
         y, _, _ = train(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias, bool(recompute))
@@ -392,6 +391,10 @@ def gated_mlp_packed(
     if _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
         act = canonical_activation(activation)
         _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
+        if _run_direct(x) and not recompute and x.is_cuda:
+            y = dispatch.sm90_train(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias)
+            if y is not None:  # one C++ autograd node; the packed weight's gradient comes back whole
+                return y
         train = _GatedTrain.apply if _run_direct(x) else _gated_mlp_train_op
         y, _, _ = train(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias, bool(recompute))
         return y
@@ -602,6 +605,10 @@ def mlp(
     if proj_bias is not None:
         _check_tensor("proj_bias", proj_bias, x, (out,))
     if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
+        if _run_direct(x) and not recompute and x.is_cuda:
+            y = dispatch.sm90_mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)
+            if y is not None:  # one C++ autograd node
+                return y
         train = _MlpTrain.apply if _run_direct(x) else _mlp_train_op
         y, _, _ = train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout, bool(recompute))
         return y

@@ -8,9 +8,12 @@ gated_gemm_sm90.cu).
     dact(dy, weight, w_kn, pre, out, activation_id, gated)
         the backward's dh = dy @ W with the activation's derivative as its epilogue
         (triton_gemm.linear_dact's contract, without its h output)
-    train(x, gate_weight, up_weight, down_weight, activation_id)
-        the gated MLP without biases as one C++ autograd node (gate_up, cuBLAS; backward:
-        dact, cuBLAS), where train_usable says so
+    train(x, gate_weight, up_weight, down_weight, activation_id, biases, ones)
+        the gated MLP (packed weight where up_weight is None, biases optional) as one C++
+        autograd node (gate_up, cuBLAS; backward: dact, cuBLAS), where train_usable says so
+    mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, ones)
+        the plain MLP in nn.Linear's layout likewise (linear_act, cuBLAS; backward: dact,
+        cuBLAS), where mlp_train_usable says so
 
 Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). triton_gemm
 calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
@@ -19,7 +22,7 @@ FUSED_MLP_FAST_TANH=0, for the activations they compute through tanh.approx;
 FUSED_MLP_SM90_CACHE_HINTS=0 drops the L2 hints gate_up uses in training at small sizes;
 FUSED_MLP_SM90_NARROW_DH=0 keeps dact's gated kind on its wide tiles where K <= 768 would take
 the narrow ones, whose epilogue gets g | u by TMA; FUSED_MLP_SM90_TRAIN=0 keeps eager training
-on the Python autograd Function). They take
+on the Python autograd Functions). They take
 bf16 / fp16 tensors with unit column stride, 16-byte aligned rows and N a multiple of 8;
 everything else (fp32, odd strides or offsets, other GPUs, builds without them) stays on
 the Triton kernels (or cuBLASLt's epilogue).
@@ -42,8 +45,11 @@ Tensor = torch.Tensor
 _OP = "gated_gemm_sm90"
 _DACT_OP = "dact_gemm_sm90"
 _LINEAR_OP = "linear_act_sm90"
-_TRAIN_OP = "gated_mlp_train_sm90"  # registered above autograd (CompositeImplicitAutograd)
+# The training nodes (train_sm90.cu), registered above autograd (CompositeImplicitAutograd)
+_TRAIN_OP = "gated_mlp_train_sm90"
+_MLP_TRAIN_OP = "mlp_train_sm90"
 _HAS_TRAIN_OP = torch._C._dispatch_has_kernel(add_op_namespace_prefix(_TRAIN_OP))
+_HAS_MLP_TRAIN_OP = torch._C._dispatch_has_kernel(add_op_namespace_prefix(_MLP_TRAIN_OP))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 # The ops only write their out (and pre) arguments: nothing to compute for fake tensors.
@@ -161,16 +167,46 @@ def linear_act(out: Optional[Tensor], x: Tensor, weight: Tensor, bias: Optional[
     return out
 
 
-def train_usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, activation_id: int) -> bool:
-    """Whether `train` takes these tensors (x 2-D): this build has the node, FUSED_MLP_SM90_TRAIN
-    is not 0, and both of its kernels take the shapes as the Python path would run them: gate_up
-    (`usable`) and the gated dact on the [K, N] down weight (`dact_usable`: one tile per SM)."""
-    if not _HAS_TRAIN_OP or os.environ.get("FUSED_MLP_SM90_TRAIN", "1") == "0":
+def _train_wanted(has_op: bool, x: Tensor, hidden: int, activation_id: int) -> bool:
+    """What both training nodes need: this build has the node, FUSED_MLP_SM90_TRAIN is not 0, and
+    the hidden size suits both of its kernels as the Python path would run them: gate_up or
+    linear_act forward, the dact backward with at least one 128 x 256 tile per SM."""
+    if not has_op or os.environ.get("FUSED_MLP_SM90_TRAIN", "1") == "0":
         return False
-    if not _wanted(x, activation_id) or gate_weight.shape[0] % 8 or not _fills_gpu(x, gate_weight.shape[0]):
-        return False
-    return all(_rows_ok(t) for t in (x, gate_weight, up_weight, down_weight))
+    return _wanted(x, activation_id) and hidden % 8 == 0 and _fills_gpu(x, hidden)
 
 
-def train(x: Tensor, gate_weight: Tensor, up_weight: Tensor, down_weight: Tensor, activation_id: int) -> Tensor:
-    return ops.gated_mlp_train_sm90(x, gate_weight, up_weight, down_weight, activation_id)
+def train_usable(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weight: Tensor,
+                 activation_id: int, gate_bias: Optional[Tensor] = None, up_bias: Optional[Tensor] = None) -> bool:
+    """Whether `train` takes these tensors (x 2-D; up_weight None: gate_weight is the packed
+    [2H, D], gate_bias its [2H] bias): both of its kernels take them as the Python path would run
+    them, gate_up (`usable`; the halves of a packed weight or bias start 16-byte aligned where the
+    whole does, hidden being a multiple of 8) and the gated dact on the [K, N] down weight
+    (`dact_usable`). down_bias: cuBLAS takes any."""
+    hidden = gate_weight.shape[0] // 2 if up_weight is None else gate_weight.shape[0]
+    if not _train_wanted(_HAS_TRAIN_OP, x, hidden, activation_id):
+        return False
+    return (all(_rows_ok(t) for t in (x, gate_weight, down_weight))
+            and (up_weight is None or _rows_ok(up_weight)) and _bias_ok(gate_bias) and _bias_ok(up_bias))
+
+
+def train(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weight: Tensor, activation_id: int,
+          gate_bias: Optional[Tensor], up_bias: Optional[Tensor], down_bias: Optional[Tensor],
+          ones: Optional[Tensor]) -> Tensor:
+    return ops.gated_mlp_train_sm90(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, ones,
+                                    activation_id)
+
+
+def mlp_train_usable(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
+                     activation_id: int) -> bool:
+    """Whether `mlp_train` takes these tensors (x 2-D, nn.Linear's layout): linear_act
+    (`linear_usable`) and the plain dact on the [K, N] proj weight (`dact_usable`) both take them.
+    proj_bias: cuBLAS takes any."""
+    if not _train_wanted(_HAS_MLP_TRAIN_OP, x, fc_weight.shape[0], activation_id):
+        return False
+    return all(_rows_ok(t) for t in (x, fc_weight, proj_weight)) and _bias_ok(fc_bias)
+
+
+def mlp_train(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
+              proj_bias: Optional[Tensor], activation_id: int, ones: Optional[Tensor]) -> Tensor:
+    return ops.mlp_train_sm90(x, fc_weight, fc_bias, proj_weight, proj_bias, ones, activation_id)
