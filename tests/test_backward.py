@@ -1405,6 +1405,9 @@ def test_gpu_sm90_train_node_graph_kept_and_double_backward(gpu, monkeypatch, ki
         second[setting] = {n: c[n].grad for n in first}
         second[setting]["gx"] = gx.detach()
     for n, w in want.items():
+        if w is None:  # the output bias does not reach x's gradient: no second-order gradient
+            assert all(second[s_][n] is None for s_ in second), n
+            continue
         err = {s_: rel_err(second[s_][n].cpu(), w) for s_ in second}
         assert err["1"] <= 2 * err["0"] + 1e-3, f"create_graph: {n} error {err['1']:.2e} (Python path {err['0']:.2e})"
 
