@@ -127,6 +127,35 @@ variable_list differentiable_grads(const at::Tensor& y, const at::Tensor& dy, co
   return out;
 }
 
+// A node's state between its forward and backward: its tensor arguments by position (absent
+// optional ones undefined), the ones vector, the pre-activations and h.
+void save(AutogradContext* ctx, const variable_list& args, const OptTensor& ones, const at::Tensor& pre,
+          const at::Tensor& h, int64_t activation) {
+  variable_list all = args;
+  all.insert(all.end(), {ones.value_or(at::Tensor()), pre, h});
+  ctx->save_for_backward(all);
+  ctx->saved_data["activation"] = activation;
+}
+
+struct Saved {
+  variable_list args;  // by position, absent ones undefined
+  at::Tensor ones, pre, h;
+  std::vector<bool> need;  // which arguments need a gradient, by position
+  int64_t activation;
+};
+
+Saved unpack(AutogradContext* ctx, size_t n_args) {
+  Saved s;
+  s.args = ctx->get_saved_variables();
+  s.ones = s.args[n_args];
+  s.pre = s.args[n_args + 1];
+  s.h = s.args[n_args + 2];
+  s.args.resize(n_args);
+  s.need = needs_by_position(ctx, s.args);
+  s.activation = ctx->saved_data["activation"].toInt();
+  return s;
+}
+
 // The gate and up halves of the gated node's weight (or bias) arguments: themselves, or the row
 // halves of the packed gate one.
 std::pair<at::Tensor, at::Tensor> halves(bool packed, const at::Tensor& gate, const at::Tensor& up, int64_t hidden) {
@@ -134,7 +163,7 @@ std::pair<at::Tensor, at::Tensor> halves(bool packed, const at::Tensor& gate, co
   return {gate.narrow(0, 0, hidden), gate.narrow(0, hidden, hidden)};
 }
 
-// Argument positions of the gated node (saved in this order, the bias-gradient vector after).
+// Argument positions of the gated node (as saved).
 enum Gated { kX, kWg, kWu, kWd, kBg, kBu, kBd, kGatedArgs };
 
 struct GatedTrainSm90 : public torch::autograd::Function<GatedTrainSm90> {
@@ -152,10 +181,9 @@ struct GatedTrainSm90 : public torch::autograd::Function<GatedTrainSm90> {
     at::Tensor h = at::empty({m, hidden}, x.options());
     gated_gemm_sm90(h, x2, g_w, u_w, opt(g_b), opt(u_b), gu, activation, 0);
     const at::Tensor y = at::linear(h, wd, bd);
-    ctx->save_for_backward({x, wg, wu.value_or(at::Tensor()), wd, bg.value_or(at::Tensor()),
-                            bu.value_or(at::Tensor()), bd.value_or(at::Tensor()), ones.value_or(at::Tensor()), gu,
-                            h});
-    ctx->saved_data["activation"] = activation;
+    save(ctx, {x, wg, wu.value_or(at::Tensor()), wd, bg.value_or(at::Tensor()), bu.value_or(at::Tensor()),
+               bd.value_or(at::Tensor())},
+         ones, gu, h, activation);
     return unrows(y, x);
   }
 
@@ -163,12 +191,11 @@ struct GatedTrainSm90 : public torch::autograd::Function<GatedTrainSm90> {
     variable_list out(kGatedArgs + 2);  // + ones, activation: no gradients
     const at::Tensor& dy_in = grads[0];
     if (!dy_in.defined()) return out;
-    variable_list saved = ctx->get_saved_variables();
-    at::Tensor gu = saved[kGatedArgs + 1];
-    const at::Tensor ones = saved[kGatedArgs], h = saved[kGatedArgs + 2];
-    saved.resize(kGatedArgs);
-    const std::vector<bool> need = needs_by_position(ctx, saved);
-    const int64_t activation = ctx->saved_data["activation"].toInt();
+    const Saved st = unpack(ctx, kGatedArgs);
+    const variable_list& saved = st.args;
+    const std::vector<bool>& need = st.need;
+    const at::Tensor &gu = st.pre, &ones = st.ones, &h = st.h;
+    const int64_t activation = st.activation;
     const at::Tensor &x = saved[kX], &wg = saved[kWg], &wu = saved[kWu], &wd = saved[kWd];
     const bool packed = !wu.defined();
     const int64_t hidden = packed ? wg.size(0) / 2 : wg.size(0);
@@ -233,9 +260,7 @@ struct PlainTrainSm90 : public torch::autograd::Function<PlainTrainSm90> {
     at::Tensor h = at::empty({m, hidden}, x.options());
     linear_act_sm90(h, x2, w1, b1, pre, activation);
     const at::Tensor y = at::linear(h, w2, b2);
-    ctx->save_for_backward({x, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()),
-                            ones.value_or(at::Tensor()), pre, h});
-    ctx->saved_data["activation"] = activation;
+    save(ctx, {x, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor())}, ones, pre, h, activation);
     return unrows(y, x);
   }
 
@@ -243,12 +268,11 @@ struct PlainTrainSm90 : public torch::autograd::Function<PlainTrainSm90> {
     variable_list out(kPlainArgs + 2);  // + ones, activation: no gradients
     const at::Tensor& dy_in = grads[0];
     if (!dy_in.defined()) return out;
-    variable_list saved = ctx->get_saved_variables();
-    at::Tensor pre = saved[kPlainArgs + 1];
-    const at::Tensor ones = saved[kPlainArgs], h = saved[kPlainArgs + 2];
-    saved.resize(kPlainArgs);
-    const std::vector<bool> need = needs_by_position(ctx, saved);
-    const int64_t activation = ctx->saved_data["activation"].toInt();
+    const Saved st = unpack(ctx, kPlainArgs);
+    const variable_list& saved = st.args;
+    const std::vector<bool>& need = st.need;
+    const at::Tensor &pre = st.pre, &ones = st.ones, &h = st.h;
+    const int64_t activation = st.activation;
     const at::Tensor &x = saved[kPx], &w1 = saved[kW1], &w2 = saved[kW2];
     const at::Tensor x2 = rows(x);
     const at::Tensor dy = kernel_rows(rows(dy_in));
