@@ -1416,8 +1416,9 @@ def test_gpu_sm90_train_node_graph_kept_and_double_backward(gpu, monkeypatch, ki
 @pytest.mark.parametrize("kind", NODE_KINDS)
 def test_gpu_sm90_train_node_not_taken(gpu, monkeypatch, kind):
     """The Python Functions keep shapes with fewer dh tiles than SMs, recompute=True, fp32,
-    FUSED_MLP_SM90_TRAIN=0, FUSED_MLP_BWD_DX=triton (gated) and Conv1D weights (plain); each
-    right against float64."""
+    FUSED_MLP_SM90_TRAIN=0, FUSED_MLP_BWD_DX=triton (gated) and Conv1D weights (plain). The
+    few-tile and Conv1D cases are checked against float64 here; the others' gradients are
+    test_gpu_matrix's and test_gpu_dx_modes_and_chunks'."""
     need_sm90(gpu)
     t = make_node_case(kind, 777, torch.bfloat16, True, seed=90)
 

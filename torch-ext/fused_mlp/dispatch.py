@@ -307,7 +307,7 @@ def _bias_ones(x2: Tensor, *biases: Optional[Tensor]) -> Optional[Tensor]:
     or None where no bias is given."""
     if all(b is None for b in biases):
         return None
-    return triton_backward._ones(x2.shape[0], x2.device, x2.dtype)
+    return triton_backward.ones_vector(x2.shape[0], x2.device, x2.dtype)
 
 
 def sm90_train(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weight: Tensor, activation: str,

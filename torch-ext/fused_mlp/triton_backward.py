@@ -92,13 +92,14 @@ def as_one_weight(a: Tensor, b: Tensor) -> Optional[Tensor]:
     return a.as_strided((2 * a.shape[0], a.shape[1]), a.stride())
 
 
-# Ones vectors for column_sum's GEMV, by (device, dtype): every one ever made is kept (a
-# CUDA graph captured with one may replay after a longer one was needed), the last is the
-# longest; the total is below twice the longest.
+# Ones vectors for the bias gradients' GEMVs (column_sum here, the C++ training nodes through
+# dispatch), by (device, dtype): every one ever made is kept (a CUDA graph captured with one
+# may replay after a longer one was needed), the last is the longest; the total is below twice
+# the longest.
 _ONES: dict[tuple, list[Tensor]] = {}
 
 
-def _ones(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+def ones_vector(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """A read-only vector of n ones on `device`: a view of a cached one when it is long
     enough. One made while a CUDA graph is captured is not cached: its fill kernel is only
     recorded, so outside the graph it would hold garbage."""
@@ -119,10 +120,10 @@ def column_sum(t: Tensor, out: Optional[Tensor] = None) -> Tensor:
     tensors take a GEMV with a ones vector (cuBLAS, fp32 accumulation): torch's column
     sum of a bf16 [8192, 3072] allocates a 138 MB temporary, 2.75 x its input (measured on
     the H200, results/memory_trace_h200.txt), the GEMV nothing. That temporary was the
-    plain MLP's backward's peak memory. The ones vector is cached (_ones): making it was
+    plain MLP's backward's peak memory. The ones vector is cached (ones_vector): making it was
     one more launch, and host time, per bias gradient."""
     if t.is_cuda and t.dtype in (torch.float16, torch.bfloat16) and t.shape[0] > 0:
-        ones = _ones(t.shape[0], t.device, t.dtype)
+        ones = ones_vector(t.shape[0], t.device, t.dtype)
         return torch.mv(t.t(), ones) if out is None else torch.mv(t.t(), ones, out=out)
     return t.sum(0) if out is None else torch.sum(t, 0, out=out)
 
