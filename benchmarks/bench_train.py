@@ -104,7 +104,15 @@ def all_cases() -> list[Case]:
         Case("geglu_m8192_d768_h3072_bf16_train", "gated", "gelu_tanh", 8192, 768, 3072, bf, False),
         Case("swiglu_m4096_d4096_h14336_bf16_train", "gated", "silu", 4096, 4096, 14336, bf, False),
         Case("mlp_gelu_tanh_m8192_d768_h3072_bf16_train", "mlp", "gelu_tanh", 8192, 768, 3072, bf, True),
+        # GPT-2's MLP: Conv1D weights [in, out] (kind "conv1d"), eager as GPT-2 runs it (addmm)
+        Case("gpt2_mlp_conv1d_m8192_d768_h3072_bf16_train", "conv1d", "gelu_tanh", 8192, 768, 3072, bf, True),
     ]
+
+
+def eager_conv1d(x, w1, b1, w2, b2, activation: str):
+    """GPT-2's MLP as transformers' Conv1D computes it: addmm with the [in, out] weights."""
+    h = bench_mlp._ACT[activation](torch.addmm(b1, x, w1))
+    return torch.addmm(b2, h, w2)
 
 
 # ----------------------------------------------------------------------------- implementations
@@ -113,6 +121,8 @@ def make_inputs(c: Case, seed: int, device: str = "cuda") -> dict:
     """bench_mlp's inputs (x, weights, biases) requiring grad, and dy."""
     t = bench_mlp.make_inputs(c, device, seed)
     del t["h_buf"]  # the forward benchmark's gemms_only input
+    if c.kind == "conv1d":  # Conv1D's layout: the same weights transposed, contiguous
+        t["w1"], t["w2"] = t["w1"].t().contiguous(), t["w2"].t().contiguous()
     for v in t.values():
         if v is not None:
             v.requires_grad_()
@@ -142,6 +152,14 @@ def forward_fns(c: Case, t: dict, fm, compiled, liger) -> dict:
             fns["liger"] = lambda: F.linear(fn(F.linear(x, wg), F.linear(x, wu)), wd)
         return fns
     w1, b1, w2, b2 = t["w1"], t["b1"], t["w2"], t["b2"]
+    if c.kind == "conv1d":
+        return {
+            "ours": lambda: fm.mlp(x, w1, b1, w2, b2, act, "conv1d"),
+            "ours_recompute": lambda: fm.mlp(x, w1, b1, w2, b2, act, "conv1d", recompute=True),
+            "eager": lambda: eager_conv1d(x, w1, b1, w2, b2, act),
+            "compile": (lambda: compiled["conv1d"](x, w1, b1, w2, b2, act)) if compiled else None,
+            "liger": None,
+        }
     return {
         "ours": lambda: fm.mlp(x, w1, b1, w2, b2, act),
         "ours_recompute": lambda: fm.mlp(x, w1, b1, w2, b2, act, recompute=True),
@@ -181,6 +199,8 @@ def reference_grads(c: Case, t: dict) -> list:
     try:
         if c.kind == "gated":
             y = eager_gated(f["x"], f["wg"], f["wu"], f["wd"], c.activation)
+        elif c.kind == "conv1d":
+            y = eager_conv1d(f["x"], f["w1"], f["b1"], f["w2"], f["b2"], c.activation)
         else:
             y = eager_mlp(f["x"], f["w1"], f["b1"], f["w2"], f["b2"], c.activation)
         y.backward(t["dy"].float())
@@ -276,7 +296,8 @@ def run(args) -> dict:
         if "compile" not in skip:
             torch._dynamo.reset()
             compiled = {"gated": torch.compile(eager_gated, dynamic=False),
-                        "mlp": torch.compile(eager_mlp, dynamic=False)}
+                        "mlp": torch.compile(eager_mlp, dynamic=False),
+                        "conv1d": torch.compile(eager_conv1d, dynamic=False)}
         t = make_inputs(c, seed=1000 + i, device=device)
         ps, dy = params(t), t["dy"]
         ref = reference_grads(c, t)
@@ -458,6 +479,8 @@ def kernel_variants(c: Case, t: dict, fm, bench) -> dict:
     act_id = fm.activations.ACTIVATION_IDS[c.activation]
     x, dy = t["x"].detach(), t["dy"].detach()
     out = {}
+    if c.kind == "conv1d":  # the kernels below take nn.Linear's layout
+        return out
     with torch.no_grad():
         if c.kind == "gated":
             wg, wu, wd = t["wg"].detach(), t["wu"].detach(), t["wd"].detach()

@@ -406,6 +406,97 @@ def train_pieces(fm, tg, disp, say, m: int = 8192, d: int = 768, h: int = 3072, 
         say(f"  {name:<46} {host_us(fn, n=20):8.1f}")
 
 
+def node_pieces(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> None:
+    """Where the plain MLP's training step (C++ node, m8192 d768 h3072 bf16, biases) spends its
+    host time, piece by piece, in interleaved rounds (this host drifts by 1.5x between loops):
+    the whole step against eager's, the public forward, its Python before the node (the node
+    replaced by a ready tensor), the dispatcher's checks one by one, the node's op called
+    directly, its forward's two GEMMs, and the backward alone through the engine. Session 20
+    measured the step at 344 us of host time against 445 us of GPU time."""
+    dt = torch.bfloat16
+    sm = importlib.import_module(fm.__name__ + ".sm90")
+    act = fm.activations.ACTIVATION_IDS["gelu_tanh"]
+
+    def leaf(*shape, scale=1.0):
+        return (torch.randn(*shape, device=dev, dtype=dt) * scale).requires_grad_()
+
+    x, w1, w2 = leaf(m, d), leaf(h, d, scale=d**-0.5), leaf(d, h, scale=h**-0.5)
+    b1, b2 = leaf(h), leaf(d)
+    dy = torch.randn(m, d, device=dev, dtype=dt)
+    params = [x, w1, b1, w2, b2]
+    ones = disp._bias_ones(x, b1, b2)
+    y0 = torch.randn(m, d, device=dev, dtype=dt)
+    pre, hh = torch.empty(m, h, device=dev, dtype=dt), torch.empty(m, h, device=dev, dtype=dt)
+    xd, w1d, b1d, w2d, b2d = (t.detach() for t in params)
+
+    def step(fwd):
+        def run():
+            for p in params:
+                p.grad = None
+            fwd().backward(dy)
+        return run
+
+    ours = step(lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh"))
+    eager = step(lambda: F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2))
+    ys: list = []
+
+    def make_graphs():  # 20 forwards kept for the backward-only loop (untimed)
+        ys.clear()
+        for p in params:
+            p.grad = None
+        ys.extend(fm.mlp(x, w1, b1, w2, b2, "gelu_tanh") for _ in range(20))
+        torch.cuda.synchronize()
+
+    def backward_only() -> float:
+        best = float("inf")
+        for _ in range(3):
+            make_graphs()
+            t0 = time.perf_counter()
+            for y in ys:
+                y.backward(dy)
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            best = min(best, (t1 - t0) / len(ys) * 1e6)
+        ys.clear()
+        return best
+
+    def preamble():
+        with mock.patch.object(sm, "mlp_train", lambda *a: y0):
+            return host_us(lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh"), n=20)
+
+    here = {
+        "step: ours (C++ node)": ours,
+        "step: eager": eager,
+        "forward: public mlp, grad on": lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh"),
+        "forward: the node's op called directly": lambda: sm.ops.mlp_train_sm90(x, w1, b1, w2, b2, ones, act),
+        "forward: dispatch.sm90_mlp_train": lambda: disp.sm90_mlp_train(x, w1, b1, w2, b2, "gelu_tanh", "linear"),
+        "  sm90.mlp_train_usable": lambda: sm.mlp_train_usable(x, w1, b1, w2, act),
+        "  dispatch.backward_choice": lambda: disp.backward_choice(x, "mlp", (w1, w2), h),
+        "  dispatch._bias_ones": lambda: disp._bias_ones(x, b1, b2),
+        "kernel: linear_act_sm90 (pre and h)": lambda: sm.ops.linear_act_sm90(hh, xd, w1d, b1d, pre, act),
+        "kernel: F.linear y = h W2^T + b2": lambda: F.linear(hh, w2d, b2d),
+        "kernel: dact_gemm_sm90 (dpre)": lambda: sm.ops.dact_gemm_sm90(hh, dy, w2d, pre, act, False, True),
+        "kernel: torch.mm dW2 = dy^T h": lambda: torch.mm(dy.t(), hh),
+        "kernel: torch.mv db2 = dy^T 1": lambda: torch.mv(dy.t(), ones),
+        "2 x torch.empty [M, H]": lambda: (torch.empty((m, h), device=dev, dtype=dt),
+                                           torch.empty((m, h), device=dev, dtype=dt)),
+    }
+    timings = {k: (lambda fn=fn: host_us(fn, n=20)) for k, fn in here.items()}
+    timings["forward: public mlp's Python (node stubbed)"] = preamble
+    timings["backward alone, through the engine"] = backward_only
+    rounds: dict[str, list[float]] = {k: [] for k in timings}
+    for _ in range(5):
+        for k, timed in timings.items():
+            rounds[k].append(timed())
+    say(f"## plain MLP node pieces, host us/call (median of 5 interleaved rounds, each the min of 3 "
+        f"loops of 20), m{m} d{d} h{h} bf16, biases, gelu_tanh")
+    for k, v in rounds.items():
+        say(f"  {k:<50} {statistics.median(v):8.1f}   rounds {' '.join(f'{t:.0f}' for t in v)}")
+    profiler_table(ours, 10, say, "10 plain training steps (ours, C++ node)", rows=25)
+    profile(lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh"), 200, say,
+            "200 public mlp forwards with grad (C++ node)", rows=20, chars=5000)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None, help="also write the report to this file")
@@ -418,6 +509,8 @@ def main() -> None:
                     help="with --train: the synchronizing CUDA calls of each training step (see sync_check)")
     ap.add_argument("--blocking-check", action="store_true",
                     help="with --train: whether each step's host time waits on the GPU (see blocking_check)")
+    ap.add_argument("--node-pieces", action="store_true",
+                    help="with --train: host time of the plain MLP's C++ training node, piece by piece (see node_pieces)")
     ap.add_argument("--engine-check", action="store_true",
                     help="with --train: the gated step through autograd's engine against called directly (see engine_check)")
     args = ap.parse_args()
@@ -439,6 +532,8 @@ def main() -> None:
                 train_pieces(fm, tg, disp, say)
         if args.engine_check:
             engine_check(fm, disp, say)
+        if args.node_pieces:
+            node_pieces(fm, disp, say)
         train_host_time(fm, say, args.train_detail, args.sync_check, args.blocking_check)
         cases = {}
     else:

@@ -1256,21 +1256,22 @@ def test_gpu_sm90_dact_rejects_bad_input(fused_mlp):
 # ----------------------------------------------------------------------------- the C++ training nodes
 
 PACKED_NAMES = ("x", "gate_up_weight", "down_weight", "gate_up_bias", "down_bias")
-NODE_NAMES = {"gated": GATED_NAMES, "packed": PACKED_NAMES, "plain": PLAIN_NAMES}
-NODE = {"gated": "GatedTrainSm90", "packed": "GatedTrainSm90", "plain": "PlainTrainSm90"}
-NODE_KINDS = tuple(NODE)
+NODE_NAMES = {"gated": GATED_NAMES, "packed": PACKED_NAMES, "plain": PLAIN_NAMES, "conv1d": PLAIN_NAMES}
+NODE = {"gated": "GatedTrainSm90", "packed": "GatedTrainSm90", "plain": "PlainTrainSm90",
+        "conv1d": "PlainTrainSm90"}
+NODE_KINDS = tuple(NODE)  # "conv1d": the plain MLP with GPT-2's Conv1D weights ([in, out])
 
 
 def _node_name(y) -> str:
     return y.grad_fn.name() if y.grad_fn is not None else ""
 
 
-def make_node_case(kind, m, dtype, bias, seed, layout="linear"):
-    """Inputs of one MLP of `kind` ("gated", "packed": the gate_up weight [Wg; Wu], "plain") on
-    ODD's sizes, on the GPU."""
+def make_node_case(kind, m, dtype, bias, seed):
+    """Inputs of one MLP of `kind` ("gated", "packed": the gate_up weight [Wg; Wu], "plain",
+    "conv1d") on ODD's sizes, on the GPU."""
     d, h, o = ODD
-    if kind == "plain":
-        return make_plain(m, d, h, o, dtype, "cuda", bias, layout, seed=seed)
+    if kind in ("plain", "conv1d"):
+        return make_plain(m, d, h, o, dtype, "cuda", bias, _layout(kind), seed=seed)
     t = make_gated(m, d, h, o, dtype, "cuda", bias, seed=seed)
     if kind == "gated":
         return t
@@ -1279,7 +1280,11 @@ def make_node_case(kind, m, dtype, bias, seed, layout="linear"):
             "gate_up_bias": torch.cat([t["gate_bias"], t["up_bias"]]) if bias else None}
 
 
-def _node_call(fm, kind, a, act, x=None, layout="linear", **kw):
+def _layout(kind) -> str:
+    return "conv1d" if kind == "conv1d" else "linear"
+
+
+def _node_call(fm, kind, a, act, x=None, **kw):
     """The public function of `kind` on the tensors a (x replaced by `x` if given)."""
     x = a["x"] if x is None else x
     if kind == "gated":
@@ -1288,14 +1293,14 @@ def _node_call(fm, kind, a, act, x=None, layout="linear", **kw):
     if kind == "packed":
         return fm.gated_mlp_packed(x, a["gate_up_weight"], a["down_weight"], act, gate_up_bias=a["gate_up_bias"],
                                    down_bias=a["down_bias"], **kw)
-    return fm.mlp(x, a["fc_weight"], a["fc_bias"], a["proj_weight"], a["proj_bias"], act, layout, **kw)
+    return fm.mlp(x, a["fc_weight"], a["fc_bias"], a["proj_weight"], a["proj_bias"], act, _layout(kind), **kw)
 
 
-def _node_ref(fm, kind, a, act, layout="linear"):
+def _node_ref(fm, kind, a, act):
     """reference.py's function of `kind` on the tensors a (float64 autograd through it)."""
     r = fm.reference
-    if kind == "plain":
-        return r.mlp(a["x"], a["fc_weight"], a["fc_bias"], a["proj_weight"], a["proj_bias"], act, layout)
+    if kind in ("plain", "conv1d"):
+        return r.mlp(a["x"], a["fc_weight"], a["fc_bias"], a["proj_weight"], a["proj_bias"], act, _layout(kind))
     if kind == "gated":
         wg, wu, bg, bu = a["gate_weight"], a["up_weight"], a["gate_bias"], a["up_bias"]
     else:
@@ -1305,17 +1310,17 @@ def _node_ref(fm, kind, a, act, layout="linear"):
     return r.gated_mlp(a["x"], wg, wu, a["down_weight"], act, bg, bu, a["down_bias"])
 
 
-def _node_ref_grads(fm, kind, t, act, layout="linear"):
+def _node_ref_grads(fm, kind, t, act):
     a = _leaves(t, NODE_NAMES[kind], torch.float64, "cpu")
-    _node_ref(fm, kind, a, act, layout).backward(t["dy"].double().cpu())
+    _node_ref(fm, kind, a, act).backward(t["dy"].double().cpu())
     return {n: v.grad for n, v in a.items() if v is not None}
 
 
-def _train(fm, kind, t, act, requires=None, lead_x=None, layout="linear"):
+def _train(fm, kind, t, act, requires=None, lead_x=None):
     """(y, {name: grad}) of one eager training call of `kind` on t, dy = t["dy"]."""
     a = _leaves(t, NODE_NAMES[kind], requires=requires)
     x = a["x"] if lead_x is None else a["x"].view(*lead_x, -1, a["x"].shape[-1])
-    y = _node_call(fm, kind, a, act, x, layout)
+    y = _node_call(fm, kind, a, act, x)
     y.backward(t["dy"].view(y.shape))
     return y, {n: v.grad for n, v in a.items() if v is not None and v.grad is not None}
 
@@ -1325,6 +1330,7 @@ NODE_PARTIAL = {
     "gated": [{"gate_weight", "up_weight", "down_weight"}, {"x", "down_weight", "up_bias"}],
     "packed": [{"gate_up_weight", "down_bias"}, {"x"}],
     "plain": [{"fc_weight", "proj_weight", "proj_bias"}, {"x", "fc_bias"}],
+    "conv1d": [{"fc_weight", "proj_bias"}, {"x", "proj_weight"}],
 }
 
 
@@ -1334,8 +1340,8 @@ NODE_PARTIAL = {
 def test_gpu_sm90_train_node(gpu, monkeypatch, dtype, kind):
     """Eager training runs as train_sm90.cu's C++ autograd node where the sm_90a kernels take it
     (the SM count is patched so that small odd shapes do): the gated MLP and the packed one
-    (GatedTrainSm90) and the plain MLP in nn.Linear's layout (PlainTrainSm90), with and without
-    biases. Each gives the Python path's bits (FUSED_MLP_SM90_TRAIN=0: the same kernels in the
+    (GatedTrainSm90) and the plain MLP in nn.Linear's and Conv1D's layouts (PlainTrainSm90),
+    with and without biases. Each gives the Python path's bits (FUSED_MLP_SM90_TRAIN=0: the same kernels in the
     same order) for every activation, x with leading dimensions, and only some inputs requiring
     grad; and is right against float64."""
     need_sm90(gpu)
@@ -1416,14 +1422,14 @@ def test_gpu_sm90_train_node_graph_kept_and_double_backward(gpu, monkeypatch, ki
 @pytest.mark.parametrize("kind", NODE_KINDS)
 def test_gpu_sm90_train_node_not_taken(gpu, monkeypatch, kind):
     """The Python Functions keep shapes with fewer dh tiles than SMs, recompute=True, fp32,
-    FUSED_MLP_SM90_TRAIN=0, FUSED_MLP_BWD_DX=triton (gated) and Conv1D weights (plain). The
-    few-tile and Conv1D cases are checked against float64 here; the others' gradients are
-    test_gpu_matrix's and test_gpu_dx_modes_and_chunks'."""
+    FUSED_MLP_SM90_TRAIN=0 and FUSED_MLP_BWD_DX=triton (gated). The few-tile case is checked
+    against float64 here; the others' gradients are test_gpu_matrix's and
+    test_gpu_dx_modes_and_chunks'."""
     need_sm90(gpu)
     t = make_node_case(kind, 777, torch.bfloat16, True, seed=90)
 
-    def node(tc, layout="linear", **kw):
-        return _node_name(_node_call(gpu, kind, _leaves(tc, NODE_NAMES[kind]), "silu", layout=layout, **kw))
+    def node(tc, **kw):
+        return _node_name(_node_call(gpu, kind, _leaves(tc, NODE_NAMES[kind]), "silu", **kw))
 
     assert NODE[kind] not in node(t)  # 7 x 2 dh tiles: fewer than the SMs
     _, got = _train(gpu, kind, t, "silu")
@@ -1432,16 +1438,11 @@ def test_gpu_sm90_train_node_not_taken(gpu, monkeypatch, kind):
     assert NODE[kind] in node(t)
     assert NODE[kind] not in node(t, recompute=True)
     assert NODE[kind] not in node({k: (v.float() if v is not None else None) for k, v in t.items()})
-    envs = [("FUSED_MLP_SM90_TRAIN", "0")] + ([("FUSED_MLP_BWD_DX", "triton")] if kind != "plain" else [])
+    envs = [("FUSED_MLP_SM90_TRAIN", "0")] + ([("FUSED_MLP_BWD_DX", "triton")] if kind in ("gated", "packed") else [])
     for env, value in envs:
         monkeypatch.setenv(env, value)
         assert NODE[kind] not in node(t), env
         monkeypatch.delenv(env)
-    if kind == "plain":
-        c = make_node_case(kind, 777, torch.bfloat16, True, seed=91, layout="conv1d")
-        assert NODE[kind] not in node(c, "conv1d")
-        _, got = _train(gpu, kind, c, "silu", layout="conv1d")
-        check_grads(got, _node_ref_grads(gpu, kind, c, "silu", "conv1d"), TOL[torch.bfloat16], "conv1d")
 
 
 @pytest.mark.gpu
@@ -1484,3 +1485,6 @@ def test_sm90_train_node_not_on_cpu(fused_mlp):
     assert fused_mlp.dispatch.sm90_mlp_train(*args, "linear") is None
     y = fused_mlp.mlp(*args)
     assert "Sm90" not in _node_name(y) and y.grad_fn is not None
+    c = _leaves(make_plain(5, 8, 16, 8, torch.float32, "cpu", True, "conv1d"), PLAIN_NAMES)
+    args = (c["x"], c["fc_weight"], c["fc_bias"], c["proj_weight"], c["proj_bias"], "gelu_tanh")
+    assert fused_mlp.dispatch.sm90_mlp_train(*args, "conv1d") is None

@@ -1058,6 +1058,13 @@ def test_gpu_sm90_rejects_bad_input(fused_mlp):
         op(out, x, w, w, None, None, None, 99)
     with pytest.raises(RuntimeError, match="x's rows"):
         op(out, torch.empty(64 * 64 + 1, **bf)[1:].view(64, 64), w, w, None, None, None, 1)
+    linear = fused_mlp.ops.linear_act_sm90
+    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\]"):
+        linear(out, x, torch.randn(64, 32, **bf), None, None, 1, False)
+    with pytest.raises(RuntimeError, match=r"weight must be \[K, N\]"):
+        linear(out, x, torch.randn(32, 64, **bf), None, None, 1, True)
+    with pytest.raises(RuntimeError, match="out must be"):
+        linear(torch.empty(64, 64, **bf), x, torch.randn(64, 72, **bf), None, None, 1, True)
     with pytest.raises(RuntimeError, match="pre must be"):
         op(out, x, w, w, None, None, torch.empty(64, 64, **bf), 1)
     with pytest.raises(RuntimeError, match="block_n"):
@@ -1069,7 +1076,8 @@ def test_gpu_sm90_rejects_bad_input(fused_mlp):
 @pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
 def test_gpu_sm90_linear_act(fused_mlp, dtype, act):
     """linear_act_sm90 (the plain MLP's first GEMM + bias + activation) against float64,
-    with and without bias and the training store of x W^T + b, outputs poisoned first."""
+    with and without bias and the training store of x W^T + b, the weight in nn.Linear's
+    layout [N, K] and in Conv1D's [K, N] (weight_kn, read N-major), outputs poisoned first."""
     need_sm90(fused_mlp)
     ids = fused_mlp.activations.ACTIVATION_IDS
     fn = fused_mlp.activations.torch_activation(act)
@@ -1079,28 +1087,29 @@ def test_gpu_sm90_linear_act(fused_mlp, dtype, act):
             x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
             w = _rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen)
             b = _rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) if bias else None
-            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
-            pre = torch.full((m, n), float("nan"), dtype=dtype, device="cuda") if train else None
-            fused_mlp.ops.linear_act_sm90(out, x, w, b, pre, ids[act])
             z = x.double() @ w.double().t() + (0 if b is None else b.double())
-            what = f"M={m} K={k} N={n} {act} bias={bias} train={train}"
-            check(out.cpu(), fn(z).cpu(), TOL[dtype], what)
-            if train:
-                check(pre.cpu(), z.cpu(), TOL[dtype], what + " pre")
+            for kn in (False, True):
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                pre = torch.full((m, n), float("nan"), dtype=dtype, device="cuda") if train else None
+                fused_mlp.ops.linear_act_sm90(out, x, w.t().contiguous() if kn else w, b, pre, ids[act], kn)
+                what = f"M={m} K={k} N={n} {act} bias={bias} train={train} weight_kn={kn}"
+                check(out.cpu(), fn(z).cpu(), TOL[dtype], what)
+                if train:
+                    check(pre.cpu(), z.cpu(), TOL[dtype], what + " pre")
 
 
 @pytest.mark.gpu
 def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
-    """On sm_90 the plain MLP's first GEMM (nn.Linear layout) runs linear_act_sm90, ahead
-    of cuBLASLt, where it has a tile per SM; Conv1D's layout and fewer tiles keep the other
-    candidates. All right."""
+    """On sm_90 the plain MLP's first GEMM (nn.Linear's layout or Conv1D's, each read as it
+    is) runs linear_act_sm90, ahead of cuBLASLt, where it has a tile per SM; fewer tiles keep
+    the other candidates. All right."""
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
     sm90 = sm90_module(fused_mlp)
     calls = spy(monkeypatch, sm90, "linear_act", lambda a: a[1].shape)  # x's shape
     d, h, o = ODD
-    for layout, sms, want in (("linear", None, 0), ("linear", 1, 1), ("conv1d", 1, 0)):
+    for layout, sms, want in (("linear", None, 0), ("conv1d", None, 0), ("linear", 1, 1), ("conv1d", 1, 1)):
         calls.clear()
         if sms is not None:  # 7 x 2 tiles at M = 777: enough only for 1 SM
             monkeypatch.setattr(sm90, "_sm_count", lambda index: sms)

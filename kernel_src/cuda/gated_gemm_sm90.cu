@@ -296,18 +296,20 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   });
 }
 
-// act(x W^T + b) for x [M, K] and weight [N, K] (nn.Linear's layout), bias [N] or none;
-// pre (optional, [M, N]) also receives x W^T + b (the training forward of the plain MLP).
+// act(x W + b) for x [M, K] and W [K, N], bias [N] or none; pre (optional, [M, N]) also
+// receives x W + b (the training forward of the plain MLP). weight is W^T [N, K] (nn.Linear's
+// layout, read K-major) or, with weight_kn, W itself (Conv1D's [in, out], read N-major).
 void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& pre,
-                     int64_t activation) {
+                     int64_t activation, bool weight_kn) {
   const int device = check_common("linear_act_sm90", x, "x", activation);
   const DeviceScope scope(x);
   check_rows("linear_act_sm90", x, "x", x);
   check_rows("linear_act_sm90", weight, "weight", x);
   check_rows("linear_act_sm90", out, "out", x);
-  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  FUSED_MLP_CHECK(weight.size(1) == K, "fused_mlp: weight must be [N, ", K, "], got ", weight.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(weight_kn ? 1 : 0);
+  FUSED_MLP_CHECK(weight.size(weight_kn ? 0 : 1) == K, "fused_mlp: weight must be ",
+                  weight_kn ? "[K, N] with K = " : "[N, K] with K = ", K, ", got ", weight.sizes());
   FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
                   out.sizes());
   check_sizes("linear_act_sm90", M, N, K);
@@ -329,12 +331,15 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-  const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mw = tensor_map(weight, kBK, 128, "weight");
+  const CUtensorMap mx = tensor_map(x, kBK, kBM, "x");
+  const CUtensorMap mw = weight_kn ? tensor_map(weight, 64, kBK, "weight") : tensor_map(weight, kBK, 128, "weight");
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     if (x.scalar_type() == at::kBFloat16) {
-      launch<__nv_bfloat16, kAct, 128, Epi::kPlainFwd>(mx, mw, mw, p, stream, device);
+      if (weight_kn) launch<__nv_bfloat16, kAct, 128, Epi::kPlainFwd, true>(mx, mw, mw, p, stream, device);
+      else launch<__nv_bfloat16, kAct, 128, Epi::kPlainFwd>(mx, mw, mw, p, stream, device);
     } else {
-      launch<__half, kAct, 128, Epi::kPlainFwd>(mx, mw, mw, p, stream, device);
+      if (weight_kn) launch<__half, kAct, 128, Epi::kPlainFwd, true>(mx, mw, mw, p, stream, device);
+      else launch<__half, kAct, 128, Epi::kPlainFwd>(mx, mw, mw, p, stream, device);
     }
   });
 }
@@ -354,6 +359,8 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
       "dact_gemm_sm90(Tensor(a!) out, Tensor dy, Tensor weight, Tensor pre, int activation, bool gated, "
       "bool weight_kn) -> ()");
   ops.impl("dact_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::dact_gemm_sm90);
-  ops.def("linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation) -> ()");
+  ops.def(
+      "linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation, "
+      "bool weight_kn=False) -> ()");
   ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);
 }

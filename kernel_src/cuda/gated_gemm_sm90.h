@@ -20,7 +20,7 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
 
 void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& pre,
-                     int64_t activation);
+                     int64_t activation, bool weight_kn);
 
 }  // namespace sm90
 }  // namespace fused_mlp

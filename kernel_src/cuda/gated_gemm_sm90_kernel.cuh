@@ -129,8 +129,8 @@ struct Layout {
 //   kPlainDh   dh = dy W2; out = dh * act'(pre)               tile: 128 x 2 BN of dh
 //   kPlainFwd  out = act(x W1^T + b1) (pre = x W1^T + b1)    tile: 128 x 2 BN of out
 // In the last three the two B operands of the main loop are the two BN-column halves of
-// one weight tile (K-major [N, K] rows, or for the dh kinds N-major [K, N] boxes: BNMajor),
-// and the two accumulators two halves of the output tile.
+// one weight tile (K-major [N, K] rows, or N-major [K, N] boxes: BNMajor, the dh kinds and
+// kPlainFwd on Conv1D's weight), and the two accumulators two halves of the output tile.
 //   kGatedFwdH as kGatedFwd, inference only (no pre): the MMA groups compute h themselves and
 //              stage h alone, so the ring has 4 stages (H_ONLY_STAGES below)
 enum class Epi : int { kGatedFwd = 0, kGatedDh = 1, kPlainDh = 2, kPlainFwd = 3, kGatedFwdH = 4 };
@@ -1082,8 +1082,8 @@ __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int
     wide_epilogue<T, A, BN, E, kThreads, kArrivers>(p, t_first, t_end, it0, stg_g, stg_u, staged, freed, tid);
 }
 
-// BNMajor (dh kinds only): the weight is [K, N] (nn.Linear's down weight as it is) and its
-// tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
+// BNMajor (the dh kinds and kPlainFwd): the weight is [K, N] (nn.Linear's down weight, or
+// Conv1D's fc weight [in, out], as it is) and its tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
 // the narrow gated dh kind: there it describes pre for gu_loader).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void __launch_bounds__(threads<E, BN>(), 1)
@@ -1097,7 +1097,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   constexpr int kStageBytes = L::kStageBytes, kStgStride = L::kStgStride;
   constexpr bool kFwd = gated_fwd(E);
   constexpr bool kDh = E == Epi::kGatedDh || E == Epi::kPlainDh;
-  static_assert(kDh || !BNMajor, "N-major weights: the dh kinds only");
+  static_assert(kDh || E == Epi::kPlainFwd || !BNMajor, "N-major weights: the dh kinds and the plain forward only");
   constexpr int kTileN = kFwd ? BN : 2 * BN;  // columns of the output tile
   constexpr bool k384 = three_groups<E, BN>();
   constexpr bool kPair = paired<E>();  // CLUSTER: weight tiles multicast to a pair of CTAs

@@ -14,10 +14,12 @@
 //   weight, else mm + addmm_). up_weight absent: gate_weight is the packed [2H, D] gate_up
 //   weight (gate first; Phi-3) and gate_bias, if any, its [2H] bias; their gradients come back
 //   whole.
-// mlp_train_sm90(x, fc_weight, fc_bias?, proj_weight, proj_bias?, ones?, activation) -> y
-//   The plain MLP in nn.Linear's layout. Forward: linear_act_sm90 writes h and pre, cuBLAS
+// mlp_train_sm90(x, fc_weight, fc_bias?, proj_weight, proj_bias?, ones?, activation, conv1d) -> y
+//   The plain MLP, weights in nn.Linear's layout ([out, in]) or with conv1d in GPT-2 Conv1D's
+//   ([in, out]), each read as it is. Forward: linear_act_sm90 writes h and pre, cuBLAS
 //   y = h W2^T + b2. Backward: b2's gradient, dact_gemm_sm90 writes dpre (over pre unless the
-//   graph is kept), cuBLAS dW2 = dy^T h, dW1 = dpre^T x, b1's gradient, dx = dpre W1.
+//   graph is kept), cuBLAS dW2 = dy^T h, dW1 = dpre^T x (each in its weight's layout), b1's
+//   gradient, dx = dpre W1.
 // ones: M ones for the bias gradients, computed as GEMVs t^T ones (triton_backward.column_sum:
 // PyTorch's column sum of a 16-bit tensor allocates 2.75 x its input); needed where a bias is.
 //
@@ -252,23 +254,26 @@ enum Plain { kPx, kW1, kB1, kW2, kB2, kPlainArgs };
 
 struct PlainTrainSm90 : public torch::autograd::Function<PlainTrainSm90> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
-                            const at::Tensor& w2, const OptTensor& b2, const OptTensor& ones, int64_t activation) {
+                            const at::Tensor& w2, const OptTensor& b2, const OptTensor& ones, int64_t activation,
+                            bool conv1d) {
     const at::Tensor x2 = rows(x);
-    const int64_t m = x2.size(0), hidden = w1.size(0);
+    const int64_t m = x2.size(0), hidden = w1.size(conv1d ? 1 : 0);
     check_ones("mlp_train_sm90", ones, m, b1.has_value() || b2.has_value());
     at::Tensor pre = at::empty({m, hidden}, x.options());
     at::Tensor h = at::empty({m, hidden}, x.options());
-    linear_act_sm90(h, x2, w1, b1, pre, activation);
-    const at::Tensor y = at::linear(h, w2, b2);
+    linear_act_sm90(h, x2, w1, b1, pre, activation, /*weight_kn=*/conv1d);
+    const at::Tensor y = at::linear(h, conv1d ? w2.t() : w2, b2);
     save(ctx, {x, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor())}, ones, pre, h, activation);
+    ctx->saved_data["conv1d"] = conv1d;
     return unrows(y, x);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(kPlainArgs + 2);  // + ones, activation: no gradients
+    variable_list out(kPlainArgs + 3);  // + ones, activation, conv1d: no gradients
     const at::Tensor& dy_in = grads[0];
     if (!dy_in.defined()) return out;
     const Saved st = unpack(ctx, kPlainArgs);
+    const bool conv1d = ctx->saved_data["conv1d"].toBool();
     const variable_list& saved = st.args;
     const std::vector<bool>& need = st.need;
     const at::Tensor &pre = st.pre, &ones = st.ones, &h = st.h;
@@ -277,19 +282,22 @@ struct PlainTrainSm90 : public torch::autograd::Function<PlainTrainSm90> {
     const at::Tensor x2 = rows(x);
     const at::Tensor dy = kernel_rows(rows(dy_in));
     if (at::GradMode::is_enabled()) {
-      const at::Tensor p = at::linear(x2, w1, opt(saved[kB1]));
-      const at::Tensor y = at::linear(torch_activation(p, activation), w2, opt(saved[kB2]));
+      const at::Tensor p = at::linear(x2, conv1d ? w1.t() : w1, opt(saved[kB1]));
+      const at::Tensor y = at::linear(torch_activation(p, activation), conv1d ? w2.t() : w2, opt(saved[kB2]));
       const variable_list got = differentiable_grads(y, dy, saved, need);
       std::copy(got.begin(), got.end(), out.begin());
       return out;
     }
     if (need[kB2]) out[kB2] = column_sum(dy, ones);
     at::Tensor dpre = torch::autograd::get_current_graph_task_keep_graph() ? at::empty_like(pre) : pre;
-    dact_gemm_sm90(dpre, dy, w2, pre, activation, /*gated=*/false, /*weight_kn=*/true);
-    if (need[kW2]) out[kW2] = at::mm(dy.t(), h);
-    if (need[kW1]) out[kW1] = at::mm(dpre.t(), x2);
+    // dh = dy W2 with W2 [K, N]: nn.Linear's proj weight [out, hidden] as it is (N-major), or
+    // Conv1D's [hidden, out] = W2^T (K-major).
+    dact_gemm_sm90(dpre, dy, w2, pre, activation, /*gated=*/false, /*weight_kn=*/!conv1d);
+    // Weight gradients in each weight's own layout; the GEMMs of triton_backward.mlp_backward.
+    if (need[kW2]) out[kW2] = conv1d ? at::mm(h.t(), dy) : at::mm(dy.t(), h);
+    if (need[kW1]) out[kW1] = conv1d ? at::mm(x2.t(), dpre) : at::mm(dpre.t(), x2);
     if (need[kB1]) out[kB1] = column_sum(dpre, ones);
-    if (need[kPx]) out[kPx] = unrows(at::mm(dpre, w1), x);
+    if (need[kPx]) out[kPx] = unrows(at::mm(dpre, conv1d ? w1.t() : w1), x);
     return out;
   }
 };
@@ -305,8 +313,8 @@ at::Tensor gated_mlp_train_sm90(const at::Tensor& x, const at::Tensor& gate_weig
 
 at::Tensor mlp_train_sm90(const at::Tensor& x, const at::Tensor& fc_weight, const OptTensor& fc_bias,
                           const at::Tensor& proj_weight, const OptTensor& proj_bias, const OptTensor& ones,
-                          int64_t activation) {
-  return PlainTrainSm90::apply(x, fc_weight, fc_bias, proj_weight, proj_bias, ones, activation);
+                          int64_t activation, bool conv1d) {
+  return PlainTrainSm90::apply(x, fc_weight, fc_bias, proj_weight, proj_bias, ones, activation, conv1d);
 }
 
 }  // namespace
@@ -324,6 +332,6 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
            &fused_mlp::sm90::gated_mlp_train_sm90);
   ops.def(
       "mlp_train_sm90(Tensor x, Tensor fc_weight, Tensor? fc_bias, Tensor proj_weight, Tensor? proj_bias, "
-      "Tensor? ones, int activation) -> Tensor");
+      "Tensor? ones, int activation, bool conv1d=False) -> Tensor");
   ops.impl("mlp_train_sm90", c10::DispatchKey::CompositeImplicitAutograd, &fused_mlp::sm90::mlp_train_sm90);
 }

@@ -36,8 +36,8 @@ Training (forward with autograd, then backward), `backward_choice`:
 
 On "triton" with sm_90, eager training with the pre-activations saved runs as one C++ autograd
 node where both sm_90a kernels take the shapes: the gated MLP (packed or not, with or without
-biases: `sm90_train`) and the plain MLP in nn.Linear's layout (`sm90_mlp_train`); the same
-kernels as triton_backward.py in the same order, without Python between them.
+biases: `sm90_train`) and the plain MLP in nn.Linear's or Conv1D's layout (`sm90_mlp_train`);
+the same kernels as triton_backward.py in the same order, without Python between them.
 """
 
 from __future__ import annotations
@@ -333,18 +333,19 @@ def sm90_train(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down
 
 def sm90_mlp_train(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
                    proj_bias: Optional[Tensor], activation: str, weight_layout: str) -> Optional[Tensor]:
-    """y of an eager training call of the plain MLP (pre-activations saved, nn.Linear's layout)
-    as train_sm90.cu's C++ autograd node, or None where it does not take it (as sm90_train;
-    Conv1D weights stay on the Python path, whose first GEMM is then a Triton kernel)."""
-    if weight_layout != "linear":
-        return None
+    """y of an eager training call of the plain MLP (pre-activations saved; nn.Linear's or
+    Conv1D's layout) as train_sm90.cu's C++ autograd node, or None where it does not take it
+    (as sm90_train)."""
+    conv = weight_layout == "conv1d"
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     act = activation_id(activation)
-    if not _sm90.mlp_train_usable(x2, fc_weight, fc_bias, proj_weight, act):
+    if not _sm90.mlp_train_usable(x2, fc_weight, fc_bias, proj_weight, act, conv):
         return None
-    if backward_choice(x2, "mlp", (fc_weight, proj_weight), fc_weight.shape[0]).path != "triton":
+    hidden = fc_weight.shape[1] if conv else fc_weight.shape[0]
+    if backward_choice(x2, "mlp", (fc_weight, proj_weight), hidden, weight_layout).path != "triton":
         return None
-    return _sm90.mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, _bias_ones(x2, fc_bias, proj_bias))
+    return _sm90.mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, _bias_ones(x2, fc_bias, proj_bias),
+                           conv)
 
 
 def split_gate_up(gate_weight, up_weight, gate_bias, up_bias):

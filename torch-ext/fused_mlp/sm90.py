@@ -3,17 +3,18 @@ gated_gemm_sm90.cu).
 
     gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
         out = act(x Wg^T + bg) * (x Wu^T + bu); pre (optional, [M, 2N]) = g | u
-    linear_act(out, x, weight, bias, pre, activation_id)
-        out = act(x W^T + b) for nn.Linear's weight [N, K]; pre (optional) = x W^T + b
+    linear_act(out, x, weight, bias, pre, activation_id, w_kn=False)
+        out = act(x W^T + b) for nn.Linear's weight [N, K] (or with w_kn act(x W + b) for
+        Conv1D's [K, N], read as it is); pre (optional) = the same without the activation
     dact(dy, weight, w_kn, pre, out, activation_id, gated)
         the backward's dh = dy @ W with the activation's derivative as its epilogue
         (triton_gemm.linear_dact's contract, without its h output)
     train(x, gate_weight, up_weight, down_weight, activation_id, biases, ones)
         the gated MLP (packed weight where up_weight is None, biases optional) as one C++
         autograd node (gate_up, cuBLAS; backward: dact, cuBLAS), where train_usable says so
-    mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, ones)
-        the plain MLP in nn.Linear's layout likewise (linear_act, cuBLAS; backward: dact,
-        cuBLAS), where mlp_train_usable says so
+    mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, ones, conv1d)
+        the plain MLP in nn.Linear's or Conv1D's layout likewise (linear_act, cuBLAS;
+        backward: dact, cuBLAS), where mlp_train_usable says so
 
 Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). triton_gemm
 calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
@@ -150,20 +151,22 @@ def dact(dy: Tensor, weight: Tensor, w_kn: bool, pre: Tensor, out: Tensor, activ
 
 def linear_usable(x: Tensor, weight: Tensor, w_kn: bool, bias: Optional[Tensor], out: Optional[Tensor],
                   pre: Optional[Tensor], activation_id: int) -> bool:
-    """Whether linear_act takes these tensors: nn.Linear's layout only (Conv1D's [K, N] is
-    not K-major), one tile per SM at least (as for dact; measured for dact only); out None
-    means a new contiguous [M, N] buffer."""
-    if w_kn or not _wanted(x, activation_id) or weight.shape[0] % 8 or not _fills_gpu(x, weight.shape[0]):
+    """Whether linear_act takes these tensors: weight [N, K] (nn.Linear's layout, read K-major)
+    or with w_kn [K, N] (Conv1D's, read N-major), rows aligned; one tile per SM at least (as
+    for dact; measured for dact only); out None means a new contiguous [M, N] buffer."""
+    n = weight.shape[1] if w_kn else weight.shape[0]
+    if not _wanted(x, activation_id) or n % 8 or not _fills_gpu(x, n):
         return False
     return (_rows_ok(x) and _rows_ok(weight) and (out is None or _rows_ok(out))
             and (pre is None or _rows_ok(pre)) and _bias_ok(bias))
 
 
 def linear_act(out: Optional[Tensor], x: Tensor, weight: Tensor, bias: Optional[Tensor], pre: Optional[Tensor],
-               activation_id: int) -> Tensor:
+               activation_id: int, w_kn: bool = False) -> Tensor:
     if out is None:
-        out = torch.empty((x.shape[0], weight.shape[0]), device=x.device, dtype=x.dtype)
-    ops.linear_act_sm90(out, x, weight, bias, pre, activation_id)
+        n = weight.shape[1] if w_kn else weight.shape[0]
+        out = torch.empty((x.shape[0], n), device=x.device, dtype=x.dtype)
+    ops.linear_act_sm90(out, x, weight, bias, pre, activation_id, w_kn)
     return out
 
 
@@ -198,15 +201,16 @@ def train(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weig
 
 
 def mlp_train_usable(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
-                     activation_id: int) -> bool:
-    """Whether `mlp_train` takes these tensors (x 2-D, nn.Linear's layout): linear_act
-    (`linear_usable`) and the plain dact on the [K, N] proj weight (`dact_usable`) both take them.
-    proj_bias: cuBLAS takes any."""
-    if not _train_wanted(_HAS_MLP_TRAIN_OP, x, fc_weight.shape[0], activation_id):
+                     activation_id: int, conv1d: bool = False) -> bool:
+    """Whether `mlp_train` takes these tensors (x 2-D; weights in nn.Linear's layout, or with
+    conv1d in Conv1D's): linear_act (`linear_usable`) and the plain dact on the proj weight
+    (`dact_usable`) both take them, each weight read as it is. proj_bias: cuBLAS takes any."""
+    hidden = fc_weight.shape[1] if conv1d else fc_weight.shape[0]
+    if not _train_wanted(_HAS_MLP_TRAIN_OP, x, hidden, activation_id):
         return False
     return all(_rows_ok(t) for t in (x, fc_weight, proj_weight)) and _bias_ok(fc_bias)
 
 
 def mlp_train(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
-              proj_bias: Optional[Tensor], activation_id: int, ones: Optional[Tensor]) -> Tensor:
-    return ops.mlp_train_sm90(x, fc_weight, fc_bias, proj_weight, proj_bias, ones, activation_id)
+              proj_bias: Optional[Tensor], activation_id: int, ones: Optional[Tensor], conv1d: bool = False) -> Tensor:
+    return ops.mlp_train_sm90(x, fc_weight, fc_bias, proj_weight, proj_bias, ones, activation_id, conv1d)

@@ -1022,7 +1022,7 @@ def linear_act(
     if (config is None and M > 0 and N > 0 and not INTERPRETED
             and _sm90.linear_usable(x, weight, w_kn, bias, out, pre, activation_id)):
         # Hopper: the warp-specialized CUDA kernel (ahead of cuBLASLt's epilogue: see NOTES)
-        return _sm90.linear_act(out, x, weight, bias, pre, activation_id)
+        return _sm90.linear_act(out, x, weight, bias, pre, activation_id, w_kn)
     if (config is None and pre is None and out is None and M > 0 and N > 0
             and _prefer_cublaslt(x, weight, bias, activation_id, w_kn)):
         return _cublaslt_linear_act(x, weight, bias, activation_id, w_kn)
