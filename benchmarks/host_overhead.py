@@ -176,6 +176,18 @@ def gated_problem(fm, m: int, d: int, h: int, dev: str, dt: torch.dtype):
     return tb, x, wg, wu, wd, dy, leaves, tb.NEED_DX | tb.NEED_DW_IN | tb.NEED_DW_OUT, step
 
 
+def interleaved(timings: dict, say, title: str, width: int, rounds: int = 5) -> None:
+    """Each of `timings` (name: a call returning us) in `rounds` interleaved rounds (this host's
+    timings drift by 1.5x within a run), said as medians with every round."""
+    got: dict[str, list[float]] = {k: [] for k in timings}
+    for _ in range(rounds):
+        for k, timed in timings.items():
+            got[k].append(timed())
+    say(title)
+    for k, v in got.items():
+        say(f"  {k:<{width}} {statistics.median(v):8.1f}   rounds {' '.join(f'{t:.0f}' for t in v)}")
+
+
 def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> None:
     """Where the gated step's host time goes between its pieces (~0.38 ms called one by one on
     this thread) and the whole step (~1.1 ms): the same backward called directly on this
@@ -272,14 +284,8 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev:
         "the direct backward alone, on a Python thread": lambda: on_thread(backward_only),
         "the direct backward in a toy Function, through the engine": here(wrapped),
     }
-    rounds: dict[str, list[float]] = {k: [] for k in timings}
-    for _ in range(5):  # interleaved rounds: this host's timings drift by 1.5x within a run
-        for k, timed in timings.items():
-            rounds[k].append(timed())
-    say(f"## engine check, host us/step (median of 5 interleaved rounds, each the min of 3 loops of 20), "
-        f"m{m} d{d} h{h} {str(dt).removeprefix('torch.')}")
-    for k, v in rounds.items():
-        say(f"  {k:<58} {statistics.median(v):8.1f}   rounds {' '.join(f'{t:.0f}' for t in v)}")
+    interleaved(timings, say, f"## engine check, host us/step (median of 5 interleaved rounds, each the min of 3 "
+                f"loops of 20), m{m} d{d} h{h} {str(dt).removeprefix('torch.')}", width=58)
     # the backward's calls, by own time, where they run: on this thread, and on the engine's
     prof_here = cProfile.Profile()
     prof_engine = cProfile.Profile()
@@ -301,28 +307,33 @@ def engine_check(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev:
         profiler_table(fn, 10, say, f"10 gated steps {name}", rows=14)
 
 
-def training_steps(fm, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> dict:
-    """One training step each (forward + backward, gradients set to None) of ours and eager's
-    gated and plain MLPs, as zero-argument calls."""
-    dt = torch.bfloat16
+def leaf(dev: str, dt: torch.dtype, *shape, scale: float = 1.0) -> torch.Tensor:
+    """A random tensor requiring grad (an input or a weight of a training step)."""
+    return (torch.randn(*shape, device=dev, dtype=dt) * scale).requires_grad_()
 
-    def leaf(*shape, scale=1.0):
-        return (torch.randn(*shape, device=dev, dtype=dt) * scale).requires_grad_()
 
-    x = leaf(m, d)
-    wg, wu, w1 = (leaf(h, d, scale=d**-0.5) for _ in range(3))
-    wd, w2 = (leaf(d, h, scale=h**-0.5) for _ in range(2))
-    b1, b2 = leaf(h), leaf(d)
-    dy = torch.randn(m, d, device=dev, dtype=dt)
-    params = [x, wg, wu, w1, wd, w2, b1, b2]
-
+def stepper(params: list, dy: torch.Tensor):
+    """step(fwd): a zero-argument training step, the gradients of params set to None, then
+    fwd().backward(dy)."""
     def step(fwd):
         def run():
             for p in params:
                 p.grad = None
             fwd().backward(dy)
         return run
+    return step
 
+
+def training_steps(fm, m: int = 8192, d: int = 768, h: int = 3072, dev: str = "cuda") -> dict:
+    """One training step each (forward + backward, gradients set to None) of ours and eager's
+    gated and plain MLPs, as zero-argument calls."""
+    dt = torch.bfloat16
+    x = leaf(dev, dt, m, d)
+    wg, wu, w1 = (leaf(dev, dt, h, d, scale=d**-0.5) for _ in range(3))
+    wd, w2 = (leaf(dev, dt, d, h, scale=h**-0.5) for _ in range(2))
+    b1, b2 = leaf(dev, dt, h), leaf(dev, dt, d)
+    dy = torch.randn(m, d, device=dev, dtype=dt)
+    step = stepper([x, wg, wu, w1, wd, w2, b1, b2], dy)
     steps = {
         "ours gated_mlp gelu_tanh": step(lambda: fm.gated_mlp(x, wg, wu, wd, "gelu_tanh")),
         "eager gated (3 linear + gelu + mul)": step(lambda: F.linear(
@@ -417,25 +428,15 @@ def node_pieces(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev: 
     sm = importlib.import_module(fm.__name__ + ".sm90")
     act = fm.activations.ACTIVATION_IDS["gelu_tanh"]
 
-    def leaf(*shape, scale=1.0):
-        return (torch.randn(*shape, device=dev, dtype=dt) * scale).requires_grad_()
-
-    x, w1, w2 = leaf(m, d), leaf(h, d, scale=d**-0.5), leaf(d, h, scale=h**-0.5)
-    b1, b2 = leaf(h), leaf(d)
+    x, w1, w2 = leaf(dev, dt, m, d), leaf(dev, dt, h, d, scale=d**-0.5), leaf(dev, dt, d, h, scale=h**-0.5)
+    b1, b2 = leaf(dev, dt, h), leaf(dev, dt, d)
     dy = torch.randn(m, d, device=dev, dtype=dt)
     params = [x, w1, b1, w2, b2]
     ones = disp._bias_ones(x, b1, b2)
     y0 = torch.randn(m, d, device=dev, dtype=dt)
     pre, hh = torch.empty(m, h, device=dev, dtype=dt), torch.empty(m, h, device=dev, dtype=dt)
     xd, w1d, b1d, w2d, b2d = (t.detach() for t in params)
-
-    def step(fwd):
-        def run():
-            for p in params:
-                p.grad = None
-            fwd().backward(dy)
-        return run
-
+    step = stepper(params, dy)
     ours = step(lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh"))
     eager = step(lambda: F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2))
     ys: list = []
@@ -484,14 +485,8 @@ def node_pieces(fm, disp, say, m: int = 8192, d: int = 768, h: int = 3072, dev: 
     timings = {k: (lambda fn=fn: host_us(fn, n=20)) for k, fn in here.items()}
     timings["forward: public mlp's Python (node stubbed)"] = preamble
     timings["backward alone, through the engine"] = backward_only
-    rounds: dict[str, list[float]] = {k: [] for k in timings}
-    for _ in range(5):
-        for k, timed in timings.items():
-            rounds[k].append(timed())
-    say(f"## plain MLP node pieces, host us/call (median of 5 interleaved rounds, each the min of 3 "
-        f"loops of 20), m{m} d{d} h{h} bf16, biases, gelu_tanh")
-    for k, v in rounds.items():
-        say(f"  {k:<50} {statistics.median(v):8.1f}   rounds {' '.join(f'{t:.0f}' for t in v)}")
+    interleaved(timings, say, f"## plain MLP node pieces, host us/call (median of 5 interleaved rounds, each the min "
+                f"of 3 loops of 20), m{m} d{d} h{h} bf16, biases, gelu_tanh", width=50)
     profiler_table(ours, 10, say, "10 plain training steps (ours, C++ node)", rows=25)
     profile(lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh"), 200, say,
             "200 public mlp forwards with grad (C++ node)", rows=20, chars=5000)
