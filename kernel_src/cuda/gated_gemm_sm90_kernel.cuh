@@ -1083,8 +1083,9 @@ __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int
 }
 
 // BNMajor (the dh kinds and kPlainFwd): the weight is [K, N] (nn.Linear's down weight, or
-// Conv1D's fc weight [in, out], as it is) and its tiles are loaded as N-major 64 x 64 boxes (map_g describes it; map_u is unused, except by
-// the narrow gated dh kind: there it describes pre for gu_loader).
+// Conv1D's fc weight [in, out], as it is) and its tiles are loaded as N-major 64 x 64 boxes
+// (map_g describes it; map_u is unused, except by the narrow gated dh kind: there it describes
+// pre for gu_loader).
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void __launch_bounds__(threads<E, BN>(), 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
