@@ -148,6 +148,12 @@ def _run_direct(x: Tensor) -> bool:
     return type(x) is torch.Tensor and not torch.compiler.is_compiling()
 
 
+def _may_take_node(x: Tensor, recompute: bool) -> bool:
+    """Whether a training call may run as one of the C++ autograd nodes (dispatch.sm90_train /
+    sm90_mlp_train decide the rest): eager, CUDA, the pre-activations saved."""
+    return _run_direct(x) and not recompute and x.is_cuda
+
+
 def _needs_grad(*tensors: Optional[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -352,7 +358,7 @@ def gated_mlp(
     act = canonical_activation(activation)
     _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)
     if _needs_grad(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
-        if _run_direct(x) and not recompute and x.is_cuda:
+        if _may_take_node(x, recompute):
             y = dispatch.sm90_train(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias)
             if y is not None:  # one C++ autograd node
                 return y
@@ -391,7 +397,7 @@ def gated_mlp_packed(
     if _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
         act = canonical_activation(activation)
         _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
-        if _run_direct(x) and not recompute and x.is_cuda:
+        if _may_take_node(x, recompute):
             y = dispatch.sm90_train(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias)
             if y is not None:  # one C++ autograd node; the packed weight's gradient comes back whole
                 return y
@@ -605,7 +611,7 @@ def mlp(
     if proj_bias is not None:
         _check_tensor("proj_bias", proj_bias, x, (out,))
     if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
-        if _run_direct(x) and not recompute and x.is_cuda:
+        if _may_take_node(x, recompute):
             y = dispatch.sm90_mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)
             if y is not None:  # one C++ autograd node
                 return y
