@@ -122,14 +122,6 @@ int group_m_setting() {
   return g > 0 ? g : kGroupM;
 }
 
-// Params::k_rot: FUSED_MLP_SM90_K_ROT (a positive integer) where set, else 0 (an experiment
-// switch: each column tile's K walk starts k_rot steps after its left neighbour's).
-int k_rot_setting() {
-  const char* v = std::getenv("FUSED_MLP_SM90_K_ROT");
-  const int r = v != nullptr ? std::atoi(v) : 0;
-  return r > 0 ? r : 0;
-}
-
 template <typename T, Activation A, int BN, Epi E, bool BNMajor = false>
 void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb1, Params p, cudaStream_t stream,
             int device) {
@@ -143,7 +135,6 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb
   constexpr int kTileN = gated_fwd(E) ? BN : 2 * BN;
   p.tiles_n = (p.N + kTileN - 1) / kTileN;
   p.group_m = group_m_setting();
-  p.k_rot = k_rot_setting();
   const int tiles = p.tiles_m * p.tiles_n;
   const int grid = std::min(tiles, sm_count(device));
   kernel<<<grid, threads<E, BN>(), kSmem, stream>>>(ma, mb0, mb1, p);

@@ -169,12 +169,6 @@ struct Params {
   // DRAM about tiles_m / group_m times, the x rows of a group stay in L2. The op sets it from
   // FUSED_MLP_SM90_GROUP_M (an experiment switch; NOTES, session 15), else kGroupM.
   int group_m = kGroupM;
-  // Where each column tile's K walk starts: column tile j begins at K step (j k_rot) mod ksteps
-  // and wraps around, so that at any moment the CTAs read different 128-byte columns of their
-  // weight rows instead of the same one 8 KB apart. 0 (the default): every tile from K step 0.
-  // The op sets it from FUSED_MLP_SM90_K_ROT (an experiment switch; NOTES, session 22). Changes
-  // the order of the fp32 sums, not what is summed.
-  int k_rot = 0;
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* clocks = nullptr;  // [gridDim.x * kClockSlots]
 #endif
@@ -1199,10 +1193,8 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN, kPair>(t, p, m0, n0);
-        const int rot = p.k_rot > 0 ? static_cast<int>((static_cast<int64_t>(n0 / kTileN) * p.k_rot) % ksteps) : 0;
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kSt;
-          const int kq = kb + rot < ksteps ? kb + rot : kb + rot - ksteps;  // the K step loaded
           bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
 #if FUSED_MLP_SM90_PAIR_ISSUE
           // Experiment (probe only, NOTES session 15): K steps in pairs, both stages free before
@@ -1211,18 +1203,18 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
 #endif
           bar_expect_tx(&full[s], kStageBytes);
           uint8_t* st = smem + s * kStageBytes;
-          tma_load(st, &map_x, &full[s], kq * kBK, m0, policy);
+          tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
           if constexpr (BNMajor) {
             // 64-column boxes of 64 K rows: columns n0 .. n0 + 2 BN - 1 (both halves)
 #pragma unroll
             for (int b = 0; b < 2 * BN / 64; ++b)
-              tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kq * kBK, policy);
+              tma_load(st + kTileBytesX + b * 8192, &map_g, &full[s], n0 + 64 * b, kb * kBK, policy);
           } else if constexpr (kPair) {  // this CTA's half of the weights, into both CTAs
-            if (rank == 0) tma_load_multicast(st + kTileBytesX, &map_g, &full[s], kq * kBK, n0, 0x3, policy);
-            else tma_load_multicast(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kq * kBK, n0, 0x3, policy);
+            if (rank == 0) tma_load_multicast(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, 0x3, policy);
+            else tma_load_multicast(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, n0, 0x3, policy);
           } else {
-            tma_load(st + kTileBytesX, &map_g, &full[s], kq * kBK, n0, policy);
-            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kq * kBK, kFwd ? n0 : n0 + BN, policy);
+            tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, policy);
+            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN, policy);
           }
         }
       }
