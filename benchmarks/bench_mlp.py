@@ -21,6 +21,9 @@ reported and gets no time). Timing "events": triton.testing.do_bench, median, L2
 between runs; timing "graph" (M <= 128, and d <= 1024): the same, replaying a CUDA graph
 of one call, which removes the CPU launch overhead. "ours / best" compares with the
 fastest of eager, compile and liger (gemms_only and the floor are references, not implementations).
+--alternate-ms T: instead of one do_bench per implementation, the implementations' calls are
+timed one by one, interleaved (each round: as many cycles of one call each as fit T ms), so
+that at the power limit all see the same clocks; such rows carry "method": "alternating calls".
 
 Output: a table on stdout, JSON in --out (rows of {case, timing, ours_ms, peers_ms,
 floor_ms}), and a PNG next to it if matplotlib is importable.
@@ -107,6 +110,61 @@ class Timer:
             fn()
             times.append((time.perf_counter() - t) * 1e3)
         return sorted(times)[len(times) // 2]
+
+
+def call_order(names: list, cycle: int) -> list:
+    """The order of cycle `cycle` in alternating: names rotated by the cycle, so that over
+    len(names) cycles each implementation runs once in every position (none always right after
+    the same one)."""
+    k = cycle % len(names)
+    return names[k:] + names[:k]
+
+
+def alternating(fns: dict, budget_ms: float, device: str, before=None) -> dict:
+    """{name: median ms}: every implementation timed call by call with the implementations
+    interleaved (cycle c calls each once, starting with a different one each cycle), L2 flushed
+    before each call and events around it as do_bench does. At the power limit the clocks follow
+    the last seconds of load: timed one after another, the first implementation of a round runs
+    on a cooler card than the last; interleaved call by call, all see the same clocks.
+    Cycles: as many as fit budget_ms (estimated from one warm call each), 5 to 200. before():
+    run ahead of each call, untimed (bench_train: the parameters' gradients set to None, as
+    do_bench's grad_to_none)."""
+    before = before or (lambda: None)
+    names = [n for n, f in fns.items() if f is not None]
+    if device != "cuda":  # CPU dry run: one timed call each
+        out = {}
+        for n in names:
+            before()
+            t = time.perf_counter()
+            fns[n]()
+            out[n] = (time.perf_counter() - t) * 1e3
+        return out
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    est = 0.0
+    for n in names:
+        before()
+        fns[n]()
+        torch.cuda.synchronize()
+        before()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fns[n]()
+        e.record()
+        e.synchronize()
+        est += s.elapsed_time(e) + 0.07  # + the flush
+    cycles = int(min(200, max(5, budget_ms / max(est, 1e-3))))
+    events = {n: [] for n in names}
+    for c in range(cycles):
+        for n in call_order(names, c):
+            before()
+            flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fns[n]()
+            e.record()
+            events[n].append((s, e))
+    torch.cuda.synchronize()
+    return {n: statistics.median(s.elapsed_time(e) for s, e in v) for n, v in events.items()}
 
 
 def ceilings(timer: Timer, device: str, quick: bool) -> dict:
@@ -236,13 +294,19 @@ def ratio_per_round(runs: dict) -> list:
     return out
 
 
-def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int) -> tuple[dict, dict]:
+def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int,
+                 time_all=None) -> tuple[dict, dict]:
     """({name: median ms or None}, extra row fields): `repeats` rounds, each timing every
-    fns[name] (None: not timed) once in turn with time_one(fn); with repeats > 1 the extra
+    fns[name] (None: not timed) once in turn with time_one(fn), or, given time_all, all of them
+    at once with time_all(fns) -> {name: ms} (alternating above); with repeats > 1 the extra
     fields hold every round's times and ours / the best peer per round."""
     runs = {name: [] for name in fns}
     live = dict(fns)
     for _ in range(repeats):
+        if time_all is not None:
+            for name, ms in time_all(live).items():
+                runs[name].append(ms)
+            continue
         for name, fn in live.items():
             if fn is None:
                 continue
@@ -312,10 +376,13 @@ def run(args) -> dict:
         t = make_inputs(c, device, seed=1000 + i)
         ref = reference(c, t)
         impl = implementations(c, t, fm, compiled, liger)
+        if args.ours_twice and impl.get("ours") is not None:
+            # the same call timed again, last in each round: the method's own bias and spread
+            impl["ours_again"] = impl["ours"]
         checks = {}
         with torch.inference_mode():
             for name, fn in impl.items():
-                if fn is None or name == "gemms_only":
+                if fn is None or name in ("gemms_only", "ours_again"):
                     continue
                 try:
                     err = rel_err(fn(), ref)
@@ -342,7 +409,9 @@ def run(args) -> dict:
             with torch.inference_mode():
                 calls = {name: (graphed(fn) if mode == "graph" else fn) if fn is not None else None
                          for name, fn in impl.items()}
-                times, rounds = timed_rounds(c.name, mode, calls, timer, args.repeats)
+                time_all = ((lambda fns: alternating(fns, args.alternate_ms, device)) if args.alternate_ms
+                            else None)
+                times, rounds = timed_rounds(c.name, mode, calls, timer, args.repeats, time_all)
                 del calls
             rows.append({
                 "case": c.name,
@@ -350,6 +419,8 @@ def run(args) -> dict:
                 "ours_ms": times.pop("ours"),
                 "peers_ms": {p: times.get(p) for p in PEERS},
                 "floor_ms": floor,
+                **({"method": "alternating calls"} if args.alternate_ms else {}),
+                **({"ours_again_ms": times.get("ours_again")} if "ours_again" in times else {}),
                 **rounds,
             })
         del t, ref, impl
@@ -390,7 +461,9 @@ def print_table(res: dict) -> None:
         line = f"{r['case']:40s} {r['timing']:6s} {fmt(ours):>8s} "
         line += " ".join(f"{fmt(peers.get(p)):>10s}" for p in PEERS)
         line += f" {r['floor_ms']:8.4f} {ratio} {over_floor}"
-        print(line + rounds_text(r))
+        again = r.get("ours_again_ms")
+        print(line + rounds_text(r) + (f"  ours timed again last: {again:.4f} ({again / ours:.3f} x)" if again and ours
+                                       else ""))
     print("times in ms (median); ours/best: against the fastest of eager, compile, liger"
           + (ROUNDS_FOOTER if any(r.get("ratio_per_round") for r in res["rows"]) else ""))
 
@@ -438,6 +511,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of timing per case and mode, interleaved across implementations; "
                         "the row gives each one's median (default 1)")
+    p.add_argument("--alternate-ms", type=float, default=0.0,
+                   help="time the implementations call by call, interleaved (each round: as many cycles "
+                        "as fit this many ms), instead of one do_bench per implementation; rows get "
+                        "\"method\": \"alternating calls\" (default 0: do_bench)")
+    p.add_argument("--ours-twice", action="store_true",
+                   help="time fused-mlp's call a second time, last in each round (row field ours_again_ms): "
+                        "the timing method's bias between the first and the last place of a round")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script
     p.add_argument("--shrink", type=int, default=1, help=argparse.SUPPRESS)  # divide all sizes (dry runs)
     args = p.parse_args()

@@ -331,7 +331,16 @@ def run(args) -> dict:
                 steps[name] = mem[name] = None
         floor = max(c.flops / ceil["bf16_matmul_flop_per_s"], c.min_bytes / ceil["copy_bytes_per_s"]) * 1e3
         # --repeats R: R rounds, each timing every implementation once in turn (as bench_mlp.py)
-        times, rounds = bench_mlp.timed_rounds(c.name, "events", steps, lambda step: bench(step, ps), args.repeats)
+        def no_grads(ps=ps):
+            for p in ps:
+                p.grad = None
+
+        # --alternate-ms: the implementations timed call by call, interleaved (bench_mlp.alternating)
+        alt = {"method": "alternating calls"} if args.alternate_ms else {}
+        time_all = ((lambda fns: bench_mlp.alternating(fns, args.alternate_ms, device, before=no_grads))
+                    if args.alternate_ms else None)
+        times, rounds = bench_mlp.timed_rounds(c.name, "events", steps, lambda step: bench(step, ps), args.repeats,
+                                               time_all)
         rows.append({
             "case": c.name,
             "timing": "events",
@@ -340,6 +349,7 @@ def run(args) -> dict:
             "ours_recompute_ms": times["ours_recompute"],
             "peak_mem_mb": {k: mem.get(k) for k in MEM_KEYS},
             "floor_ms": floor,
+            **alt,
             **rounds,
         })
         if args.graph and device == "cuda":
@@ -359,7 +369,8 @@ def run(args) -> dict:
             gtimes, grounds = bench_mlp.timed_rounds(
                 c.name, "graph", replays,
                 lambda replay: float(triton.testing.do_bench(replay, warmup=args.warmup, rep=args.rep,
-                                                             return_mode="median")), args.repeats)
+                                                             return_mode="median")), args.repeats,
+                (lambda fns: bench_mlp.alternating(fns, args.alternate_ms, device)) if args.alternate_ms else None)
             del replays
             row = {k: v for k, v in rows[-1].items() if k not in ("rounds_ms", "ratio_per_round")}
             rows.append({**row, "timing": "graph", "ours_ms": gtimes["ours"],
@@ -555,6 +566,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="rounds of timing per case, interleaved across implementations; each row gives the "
                         "medians, every round's times and ours / best peer per round (default 1)")
+    p.add_argument("--alternate-ms", type=float, default=0.0,
+                   help="time the implementations call by call, interleaved (bench_mlp.alternating; each round "
+                        "as many cycles as fit this many ms) instead of one do_bench each (default 0: do_bench)")
     p.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=int, default=200, help="do_bench repetition time, ms")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script

@@ -117,6 +117,43 @@ def test_timed_rounds_interleaves_and_drops_a_failing_implementation():
     assert bm.timed_rounds("case", "events", fns, lambda fn: 1.0, repeats=1)[1] == {}  # one round: no extras
 
 
+def test_timed_rounds_with_one_timer_for_all_and_the_alternating_order():
+    bm = _load("bench_mlp_under_test", BENCH / "bench_mlp.py")
+    seen = []
+
+    def time_all(fns):
+        seen.append(sorted(n for n, f in fns.items() if f is not None))
+        return {"ours": 1.0 + len(seen), "eager": 4.0}
+
+    fns = {"ours": lambda: None, "eager": lambda: None, "compile": None}
+    times, extra = bm.timed_rounds("case", "events", fns, None, repeats=3, time_all=time_all)
+    assert seen == [["eager", "ours"]] * 3
+    assert times == {"ours": 3.0, "eager": 4.0, "compile": None}
+    assert extra["rounds_ms"] == {"ours": [2.0, 3.0, 4.0], "eager": [4.0] * 3}
+    assert extra["ratio_per_round"] == [0.5, 0.75, 1.0]
+    names = ["a", "b", "c"]
+    orders = [bm.call_order(names, c) for c in range(4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert all(sorted(o[i] for o in orders[:3]) == names for i in range(3))  # every position once
+
+
+def test_bench_mlp_alternating_dry_run(tmp_path):
+    out = tmp_path / "fwd.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_mlp.py"), "--device", "cpu", "--shrink", "64",
+         "--cases", "swiglu_m128_d4096_h14336_bf16", "--skip-peers", "compile,liger",
+         "--repeats", "2", "--alternate-ms", "50", "--ours-twice", "--out", str(out), "--plot",
+         str(tmp_path / "p.png")],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["alternating calls"]
+    assert sorted(rows[0]["rounds_ms"]) == ["eager", "gemms_only", "ours", "ours_again"]
+    assert all(len(v) == 2 for v in rows[0]["rounds_ms"].values())
+    assert rows[0]["ours_again_ms"] == statistics.median(rows[0]["rounds_ms"]["ours_again"])
+    assert "ours_again" not in rows[0]["peers_ms"] and "timed again" in res.stdout
+
+
 def test_bench_train_repeats_dry_run(tmp_path):
     out = tmp_path / "train.json"
     res = subprocess.run(
@@ -130,6 +167,19 @@ def test_bench_train_repeats_dry_run(tmp_path):
         assert sorted(row["rounds_ms"]) == ["eager", "ours", "ours_recompute"]
         assert row["ours_ms"] == statistics.median(row["rounds_ms"]["ours"])
         assert len(row["ratio_per_round"]) == 2
+
+
+def test_bench_train_alternating_dry_run(tmp_path):
+    out = tmp_path / "train.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_train.py"), "--device", "cpu", "--shrink", "64", "--cases", "swiglu",
+         "--skip-peers", "compile,liger", "--repeats", "2", "--alternate-ms", "50", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["alternating calls"]
+    assert sorted(rows[0]["rounds_ms"]) == ["eager", "ours", "ours_recompute"]
+    assert all(len(v) == 2 for v in rows[0]["rounds_ms"].values())
 
 
 def _host_overhead_dry(monkeypatch, name: str, ran: list, us: float):
