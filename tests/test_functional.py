@@ -948,58 +948,6 @@ def test_gpu_sm90_group_m(fused_mlp, monkeypatch):
         assert torch.equal(o, out) and torch.equal(p, pre), f"FUSED_MLP_SM90_GROUP_M={setting}"
 
 
-def test_sm90_l2_next_setting_and_args(fused_mlp, monkeypatch):
-    """FUSED_MLP_SM90_L2_NEXT="bytes[,parts]" (the L2 prefetch experiment): parsed, and the
-    op's trailing arguments given only for a weight whose rows and parts start 16-byte aligned
-    and hold the bytes asked for; otherwise no prefetch (it is a hint: nothing to refuse)."""
-    sm90 = sm90_module(fused_mlp)
-    w = torch.zeros(64, 14336, dtype=torch.bfloat16)
-    monkeypatch.delenv("FUSED_MLP_SM90_L2_NEXT", raising=False)
-    assert sm90.l2_next_setting() is None and sm90._l2_next_args(w) == (None, 0, 1)
-    monkeypatch.setenv("FUSED_MLP_SM90_L2_NEXT", "1024,2")
-    assert sm90.l2_next_setting() == (1024, 2)
-    args = sm90._l2_next_args(w)
-    assert args[0] is w and args[1:] == (1024, 2)
-    monkeypatch.setenv("FUSED_MLP_SM90_L2_NEXT", "512")
-    assert sm90._l2_next_args(w)[1:] == (512, 1)
-    for bad, weight in (("1000,2", w), ("16384,2", w), ("1024,3", w), ("1024,2", w[:, 1:]), ("1024,2", w.t()),
-                        ("1024,2", torch.zeros(8, 8, dtype=torch.bfloat16)), ("0", w)):
-        monkeypatch.setenv("FUSED_MLP_SM90_L2_NEXT", bad)
-        assert sm90._l2_next_args(weight) == (None, 0, 1), (bad, tuple(weight.shape), weight.stride())
-
-
-@pytest.mark.gpu
-def test_gpu_sm90_l2_next(fused_mlp, monkeypatch):
-    """The L2 prefetch of the next GEMM's weight is a hint: with it the gate/up op gives the
-    same bits (h-only and g | u kinds, the public gated_mlp too), and bad arguments are
-    refused by name."""
-    need_sm90(fused_mlp)
-    ids = fused_mlp.activations.ACTIVATION_IDS
-    gen = torch.Generator().manual_seed(70)
-    for m, k, n in ((128, 256, 1000), (700, 200, 2000)):
-        x = _rand(m, k, dtype=torch.bfloat16, device="cuda", gen=gen)
-        wg, wu = (_rand(n, k, dtype=torch.bfloat16, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
-        wd = _rand(k, n, dtype=torch.bfloat16, device="cuda", scale=n**-0.5, gen=gen)
-        outs = []
-        for l2 in ((), (wd, 256, 2), (wd, 64, 1)):
-            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            pre = torch.full((m, 2 * n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, None, None, None, ids["silu"], 0, *l2)
-            fused_mlp.ops.gated_gemm_sm90(out.clone(), x, wg, wu, None, None, pre, ids["silu"], 0, *l2)
-            outs.append((out, pre))
-        for out, pre in outs[1:]:
-            assert torch.equal(out, outs[0][0]) and torch.equal(pre, outs[0][1]), f"M={m}"
-        monkeypatch.delenv("FUSED_MLP_SM90_L2_NEXT", raising=False)
-        base = fused_mlp.gated_mlp(x, wg, wu, wd, "silu")
-        monkeypatch.setenv("FUSED_MLP_SM90_L2_NEXT", "256,2")
-        assert torch.equal(fused_mlp.gated_mlp(x, wg, wu, wd, "silu"), base), f"M={m} public"
-    out = torch.empty(128, 1000, dtype=torch.bfloat16, device="cuda")
-    for l2, words in (((wd, 100, 2), "l2_next_bytes"), ((wd, 4096, 2), "l2_next_parts"),
-                      ((wd.cpu(), 256, 2), "l2_next"), ((wd[:, 1:], 256, 1), "aligned")):
-        with pytest.raises(RuntimeError, match=words):
-            fused_mlp.ops.gated_gemm_sm90(out, x[:128], wg, wu, None, None, None, ids["silu"], 0, *l2)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):

@@ -177,8 +177,7 @@ void check_sizes(const char* op, int64_t M, int64_t N, int64_t K) {
 
 void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
                      const c10::optional<at::Tensor>& gate_bias, const c10::optional<at::Tensor>& up_bias,
-                     const c10::optional<at::Tensor>& pre, int64_t activation, int64_t block_n,
-                     const c10::optional<at::Tensor>& l2_next, int64_t l2_next_bytes, int64_t l2_next_parts) {
+                     const c10::optional<at::Tensor>& pre, int64_t activation, int64_t block_n) {
   FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128,
                   "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
   const int device = check_common("gated_gemm_sm90", x, "x", activation);
@@ -201,35 +200,11 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
     FUSED_MLP_CHECK(pre->size(0) == M && pre->size(1) == 2 * N, "fused_mlp: pre must be [", M, ", ", 2 * N,
                     "], got ", pre->sizes());
   }
-  if (l2_next.has_value()) {
-    // A hint: what is prefetched changes no result, but it must lie inside l2_next.
-    const at::Tensor& w = *l2_next;
-    FUSED_MLP_CHECK(w.is_cuda() && w.get_device() == x.get_device() && w.dim() == 2 && w.stride(1) == 1 &&
-                        w.size(0) < (int64_t(1) << 31),
-                    "fused_mlp: l2_next must be a 2-D CUDA tensor with contiguous rows on x's device");
-    const int64_t row_bytes = w.size(1) * static_cast<int64_t>(w.element_size());
-    FUSED_MLP_CHECK(l2_next_parts >= 1 && l2_next_bytes >= 16 && l2_next_bytes % 16 == 0 &&
-                        l2_next_bytes * l2_next_parts <= row_bytes && l2_next_bytes < (int64_t(1) << 20),
-                    "fused_mlp: l2_next_bytes (", l2_next_bytes, ") must be a positive multiple of 16 and ",
-                    "l2_next_parts (", l2_next_parts, ") parts of it must fit a row of l2_next (", row_bytes,
-                    " bytes)");
-    FUSED_MLP_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0 &&
-                        (w.stride(0) * w.element_size()) % 16 == 0 && (row_bytes / l2_next_parts) % 16 == 0,
-                    "fused_mlp: l2_next's rows and parts must start 16-byte aligned");
-  }
   if (M == 0 || N == 0) return;
 
   Params p{};
   p.out = out.data_ptr();
   p.pre = pre.has_value() ? pre->data_ptr() : nullptr;
-  if (l2_next.has_value() && l2_next->numel() > 0) {
-    p.l2_next = l2_next->data_ptr();
-    p.l2_next_ld = l2_next->stride(0) * l2_next->element_size();
-    p.l2_next_part = l2_next->size(1) * l2_next->element_size() / l2_next_parts;
-    p.l2_next_rows = static_cast<int>(l2_next->size(0));
-    p.l2_next_parts = static_cast<int>(l2_next_parts);
-    p.l2_next_bytes = static_cast<int>(l2_next_bytes);
-  }
   p.flags = gated_forward_flags(pre.has_value(), (x.numel() + gate_weight.numel() + up_weight.numel()) *
                                                      static_cast<int64_t>(x.element_size()));
   p.bg = gate_bias.has_value() ? gate_bias->data_ptr() : nullptr;
@@ -378,8 +353,7 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
 FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "gated_gemm_sm90(Tensor! out, Tensor x, Tensor gate_weight, Tensor up_weight, Tensor? gate_bias, "
-      "Tensor? up_bias, Tensor(a!)? pre, int activation, int block_n=0, Tensor? l2_next=None, "
-      "int l2_next_bytes=0, int l2_next_parts=1) -> ()");
+      "Tensor? up_bias, Tensor(a!)? pre, int activation, int block_n=0) -> ()");
   ops.impl("gated_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::gated_gemm_sm90);
   ops.def(
       "dact_gemm_sm90(Tensor(a!) out, Tensor dy, Tensor weight, Tensor pre, int activation, bool gated, "

@@ -13,9 +13,7 @@ namespace sm90 {
 
 void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
                      const c10::optional<at::Tensor>& gate_bias, const c10::optional<at::Tensor>& up_bias,
-                     const c10::optional<at::Tensor>& pre, int64_t activation, int64_t block_n,
-                     const c10::optional<at::Tensor>& l2_next = c10::nullopt, int64_t l2_next_bytes = 0,
-                     int64_t l2_next_parts = 1);
+                     const c10::optional<at::Tensor>& pre, int64_t activation, int64_t block_n);
 
 void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& pre,
                     int64_t activation, bool gated, bool weight_kn);

@@ -169,14 +169,6 @@ struct Params {
   // DRAM about tiles_m / group_m times, the x rows of a group stay in L2. The op sets it from
   // FUSED_MLP_SM90_GROUP_M (an experiment switch; NOTES, session 15), else kGroupM.
   int group_m = kGroupM;
-  // L2 prefetch for the GEMM that runs next (gated_gemm_sm90's l2_next: the down projection's
-  // weight): when its last tile's main loop is done, each CTA asks L2 for l2_next_bytes at the
-  // start of each of l2_next_parts equal parts of rows blockIdx.x, + gridDim.x, ... of it, so
-  // that DRAM keeps streaming across the kernel boundary. nullptr: none (NOTES, session 22).
-  const void* l2_next = nullptr;
-  int64_t l2_next_ld = 0;    // bytes from one row to the next
-  int64_t l2_next_part = 0;  // bytes from one part of a row to the next
-  int l2_next_rows = 0, l2_next_parts = 0, l2_next_bytes = 0;
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* clocks = nullptr;  // [gridDim.x * kClockSlots]
 #endif
@@ -1309,16 +1301,6 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       fence_regs(acc_g);
       fence_regs(acc_u);
       if (!FUSED_MLP_SM90_PROBE_NOMAIN && tid == 0) release_stage(&empty[(c - 1) % kSt]);
-      if (p.l2_next != nullptr && half == 0 && tid == 0 && t + static_cast<int>(gridDim.x) >= tiles) {
-        // this CTA's last loads have landed: the next GEMM's first bytes, while the epilogue runs
-        const char* base = static_cast<const char*>(p.l2_next);
-        for (int r = blockIdx.x; r < p.l2_next_rows; r += gridDim.x)
-          for (int part = 0; part < p.l2_next_parts; ++part)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * p.l2_next_ld +
-                                                                                  part * p.l2_next_part),
-                         "r"(p.l2_next_bytes)
-                         : "memory");
-      }
 
 #if FUSED_MLP_SM90_PROBE_NOSTAGE
       {  // keeps every accumulator live (ptxas drops MMAs whose results are never read)

@@ -121,41 +121,9 @@ def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optiona
             and (pre is None or _rows_ok(pre)) and _bias_ok(gate_bias) and _bias_ok(up_bias))
 
 
-def l2_next_setting() -> Optional[tuple[int, int]]:
-    """(bytes, parts) from FUSED_MLP_SM90_L2_NEXT="bytes[,parts]" (an experiment switch, NOTES
-    session 22: the gate/up kernel asks L2 for the first bytes of each of parts parts of every
-    row of the down projection's weight when its main loop ends), or None (unset: off)."""
-    v = os.environ.get("FUSED_MLP_SM90_L2_NEXT", "")
-    if not v:
-        return None
-    fields = [int(f) for f in v.split(",")]
-    return fields[0], (fields[1] if len(fields) > 1 else 1)
-
-
-def _l2_next_args(w: Optional[Tensor]) -> tuple:
-    """gated_gemm_sm90's trailing (l2_next, bytes, parts) for the next GEMM's weight w, where
-    the switch is on and w's rows and parts start 16-byte aligned; else no prefetch."""
-    setting = l2_next_setting() if w is not None else None
-    if setting is None:
-        return None, 0, 1
-    nbytes, parts = setting
-    row = w.shape[1] * w.element_size() if w.dim() == 2 else 0
-    if (w.dim() != 2 or w.stride(1) != 1 or w.data_ptr() % 16 or (w.stride(0) * w.element_size()) % 16
-            or parts < 1 or (row // parts) % 16 or nbytes < 16 or nbytes % 16 or nbytes * parts > row):
-        return None, 0, 1
-    return w, nbytes, parts
-
-
 def gate_up(out: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
-            up_bias: Optional[Tensor], pre: Optional[Tensor], activation_id: int,
-            next_weight: Optional[Tensor] = None) -> Tensor:
-    """next_weight: the weight of the GEMM that follows (the down projection), for the
-    FUSED_MLP_SM90_L2_NEXT experiment (l2_next_setting)."""
-    if next_weight is not None and l2_next_setting() is not None:
-        ops.gated_gemm_sm90(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id, 0,
-                            *_l2_next_args(next_weight))
-    else:
-        ops.gated_gemm_sm90(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
+            up_bias: Optional[Tensor], pre: Optional[Tensor], activation_id: int) -> Tensor:
+    ops.gated_gemm_sm90(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
     return out
 
 

@@ -980,15 +980,13 @@ def _unit_stride(b: Optional[Tensor]) -> Optional[Tensor]:
 def gated_linear(
     x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
     up_bias: Optional[Tensor], activation_id: int, config: Optional[Config] = None,
-    *, pre: Optional[Tensor] = None, out: Optional[Tensor] = None, next_weight: Optional[Tensor] = None,
+    *, pre: Optional[Tensor] = None, out: Optional[Tensor] = None,
 ) -> Tensor:
     """act(x Wg^T + bg) * (x Wu^T + bu) for 2-D x [M, K], weights [N, K] (any strides;
     biases too).
 
     pre: an [M, 2N] buffer (any strides) that also receives g | u, in x's dtype;
-    out: the [M, N] buffer for the result (allocated if None);
-    next_weight: the down projection's weight, for the sm_90a kernel's L2 prefetch experiment
-    (sm90.l2_next_setting)."""
+    out: the [M, N] buffer for the result (allocated if None)."""
     M, K = x.shape
     N = gate_weight.shape[0]
     gate_bias, up_bias = _unit_stride(gate_bias), _unit_stride(up_bias)
@@ -1000,7 +998,7 @@ def gated_linear(
     if (config is None and not INTERPRETED
             and _sm90.usable(x, gate_weight, up_weight, gate_bias, up_bias, out, pre, activation_id)):
         # Hopper: the warp-specialized CUDA kernel (its epilogue overlaps the next tile's MMAs)
-        return _sm90.gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id, next_weight)
+        return _sm90.gate_up(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
     if config is None:
         _planned(x, gate_weight, up_weight, False, gate_bias, up_bias, out, activation_id, pre,
                  mode="fwd" if pre is None else "fwd_save")
@@ -1155,7 +1153,7 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 
 def gated_mlp(x, gate_weight, up_weight, down_weight, activation_id, gate_bias, up_bias, down_bias):
     """The whole gated MLP: fused gate/up kernel, then cuBLAS for the down projection."""
-    h = gated_linear(x, gate_weight, up_weight, gate_bias, up_bias, activation_id, next_weight=down_weight)
+    h = gated_linear(x, gate_weight, up_weight, gate_bias, up_bias, activation_id)
     return F.linear(h, down_weight, down_bias)
 
 
