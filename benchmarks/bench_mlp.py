@@ -124,8 +124,9 @@ def alternating(fns: dict, budget_ms: float, device: str, before=None) -> dict:
     """{name: median ms}: every implementation timed call by call with the implementations
     interleaved (cycle c calls each once, starting with a different one each cycle), L2 flushed
     before each call and events around it as do_bench does. At the power limit the clocks follow
-    the last seconds of load: timed one after another, the first implementation of a round runs
-    on a cooler card than the last; interleaved call by call, all see the same clocks.
+    the last seconds of load: timed one block after another, each implementation runs at the
+    clock the blocks before it left (our identical call moved by 2.4% between the first and the
+    last place of a round, NOTES session 22); interleaved call by call, all see the same clocks.
     Cycles: as many as fit budget_ms (estimated from one warm call each), 5 to 200. before():
     run ahead of each call, untimed (bench_train: the parameters' gradients set to None, as
     do_bench's grad_to_none)."""
