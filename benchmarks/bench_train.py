@@ -337,10 +337,15 @@ def run(args) -> dict:
 
         # --alternate-ms: the implementations timed call by call, interleaved (bench_mlp.alternating)
         alt = {"method": "alternating calls"} if args.alternate_ms else {}
-        time_all = ((lambda fns: bench_mlp.alternating(fns, args.alternate_ms, device, before=no_grads))
-                    if args.alternate_ms else None)
+
+        def alternating(before=None):
+            """timed_rounds' time_all for --alternate-ms, or None (one do_bench per implementation)."""
+            if not args.alternate_ms:
+                return None
+            return lambda fns: bench_mlp.alternating(fns, args.alternate_ms, device, before=before)
+
         times, rounds = bench_mlp.timed_rounds(c.name, "events", steps, lambda step: bench(step, ps), args.repeats,
-                                               time_all)
+                                               alternating(no_grads))
         rows.append({
             "case": c.name,
             "timing": "events",
@@ -370,7 +375,7 @@ def run(args) -> dict:
                 c.name, "graph", replays,
                 lambda replay: float(triton.testing.do_bench(replay, warmup=args.warmup, rep=args.rep,
                                                              return_mode="median")), args.repeats,
-                (lambda fns: bench_mlp.alternating(fns, args.alternate_ms, device)) if args.alternate_ms else None)
+                alternating())
             del replays
             row = {k: v for k, v in rows[-1].items() if k not in ("rounds_ms", "ratio_per_round")}
             rows.append({**row, "timing": "graph", "ours_ms": gtimes["ours"],
