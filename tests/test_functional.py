@@ -948,6 +948,64 @@ def test_gpu_sm90_group_m(fused_mlp, monkeypatch):
         assert torch.equal(o, out) and torch.equal(p, pre), f"FUSED_MLP_SM90_GROUP_M={setting}"
 
 
+def narrow_tail_rows(sms: int, col_tiles: int, split: int) -> int:
+    """Row blocks for which the gated forward's host rule (narrow_tail_split, gated_gemm_sm90.cu)
+    cuts the last round into `split` slices: at least 4 full rounds of `sms` tiles, and the last
+    round's tiles at most sms / 4 (split 4) or more than that and at most sms / 2 (split 2)."""
+    rb = -(-4 * sms // col_tiles)
+    while True:
+        rest = (rb * col_tiles) % sms
+        if rb * col_tiles >= 4 * sms and rest and (rest * 4 <= sms if split == 4 else sms < rest * 4 <= 2 * sms):
+            return rb
+        rb += 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_sm90_narrow_tail(fused_mlp, monkeypatch, dtype):
+    """The narrow tail (FUSED_MLP_SM90_NARROW_TAIL, on unless 0): where the gated forward's
+    persistent loop has at least 4 full rounds of 128-column tiles and a partial last round,
+    each tile of that round is cut into 4 (or 2) column slices, one per CTA. N = 1000 gives 8
+    column tiles, the last one partial (so is the last slice of it); the row counts come from the
+    host's rule for this GPU's SM count, with a partial last row block (on the H200: 67 row
+    blocks, 536 tiles = 4 x 132 + 8, 4 slices; 71, 568 = 4 x 132 + 40, 2 slices). Each slice sums
+    the same K steps per column as the whole tile, so the default gives the bits of the loop
+    without the tail, inference and training (g | u), with and without biases, and is right
+    against float64, outputs poisoned first. (That the tail ran is shown by its timing, not
+    here: NOTES, session 23.)"""
+    need_sm90(fused_mlp)
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    k, n = 200, 1000
+    for split, act, bias in ((4, "silu", False), (2, "gelu_tanh", True)):
+        m = narrow_tail_rows(sms, -(-n // 128), split) * 128 - 50
+        gen = torch.Generator().manual_seed(50 + split)
+        x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
+        wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
+        bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
+                  else (None, None))
+        g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
+        u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+        ref = (fused_mlp.activations.torch_activation(act)(g) * u).cpu()
+        for train in (False, True):
+            got = {}
+            for setting in ("0", None):
+                if setting is None:
+                    monkeypatch.delenv("FUSED_MLP_SM90_NARROW_TAIL", raising=False)
+                else:
+                    monkeypatch.setenv("FUSED_MLP_SM90_NARROW_TAIL", setting)
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                pre = torch.full((m, 2 * n), float("nan"), dtype=dtype, device="cuda") if train else None
+                fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids[act], 0)
+                got[setting] = (out, pre)
+            what = f"M={m} split={split} {act} bias={bias} train={train}"
+            assert torch.equal(got[None][0], got["0"][0]), what
+            if train:
+                assert torch.equal(got[None][1], got["0"][1]), what + " g | u"
+                check(got[None][1].cpu(), torch.cat([g, u], 1).cpu(), TOL[dtype], what + " g | u")
+            check(got[None][0].cpu(), ref, TOL[dtype], what)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):

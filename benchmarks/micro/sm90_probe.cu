@@ -314,7 +314,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
 #endif
 
   if (!inplace) CK(cudaMemset(d_out, 0xff, pre.size() * 2));  // NaN poison
-  kernel<<<grid, s::threads<s::Epi::kGatedDh, BN>(), kSmem>>>(md, mw, mp, p);
+  kernel<<<grid, s::threads<s::Epi::kGatedDh, BN>(), kSmem>>>(md, mw, mp, mw, mp, p);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   int bad = 0;
@@ -337,7 +337,7 @@ static void run(const char* label, const char* shape, int M, int K, int N, bool 
     }
   }
 
-  const auto [med, lo] = time_us([&] { kernel<<<grid, s::threads<s::Epi::kGatedDh, BN>(), kSmem>>>(md, mw, mp, p); });
+  const auto [med, lo] = time_us([&] { kernel<<<grid, s::threads<s::Epi::kGatedDh, BN>(), kSmem>>>(md, mw, mp, mw, mp, p); });
   const double flops = 2.0 * M * K * double(N), bytes = 2.0 * (2.0 * M * 2.0 * N + double(M) * K + double(K) * N);
   std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s  %5.2f TB/s  check %s (worst %.4f)%s\n",
               label, shape, inplace ? "in place" : "        ", med, lo, flops / med * 1e-6, bytes / med * 1e-6,
@@ -431,8 +431,8 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   }
   cfg.gridDim = dim3(grid);
   const auto launch = [&] {
-    if (kPair) CK(cudaLaunchKernelEx(&cfg, kernel, mx, mg, mu, p));
-    else kernel<<<grid, kThreadsFwd, kSmem>>>(mx, mg, mu, p);
+    if (kPair) CK(cudaLaunchKernelEx(&cfg, kernel, mx, mg, mu, mg, mu, p));
+    else kernel<<<grid, kThreadsFwd, kSmem>>>(mx, mg, mu, mg, mu, p);
   };
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* d_clk = attach_clocks(p, grid);

@@ -96,12 +96,29 @@ uint32_t gated_forward_flags(bool training, int64_t operand_bytes) {
   return switched_off("FUSED_MLP_SM90_CACHE_HINTS") ? 0u : gated_forward_hints(training, operand_bytes);
 }
 
+// The narrow tail of the gated forward (Params::tail_split, kernel header): column slices per
+// tile of the persistent loop's last, partial round, for `tiles` 128-column tiles; 1 for none.
+// Only where the loop has at least kNarrowTailMinRounds full rounds (the compute-bound
+// shapes: SwiGLU M 4096's 3584 tiles are 27 rounds of 132 and 20 tiles, which then take a
+// quarter of a tile's time instead of a whole one), and not with FUSED_MLP_SM90_NARROW_TAIL=0.
+// Slices: 4 where the last round has at most a quarter of the SMs' tiles, else 2 where at most
+// half, else none.
+constexpr int64_t kNarrowTailMinRounds = 4;
+int narrow_tail_split(int64_t tiles, int sms) {
+  if (switched_off("FUSED_MLP_SM90_NARROW_TAIL") || tiles < kNarrowTailMinRounds * sms) return 1;
+  const int64_t rest = tiles % sms;
+  if (rest == 0) return 1;
+  return rest * 4 <= sms ? 4 : rest * 2 <= sms ? 2 : 1;
+}
+
 // Tile width: 112 columns where that needs fewer rounds of the persistent loop for the
-// same work, else 128 (cost ~ rounds x width; 128 on ties).
+// same work, else 128 (cost ~ rounds x width, a narrow tail's round counted as its slice's
+// width; 128 on ties).
 int pick_block_n(int64_t M, int64_t N, int sms) {
   const auto cost = [&](int64_t bn) {
     const int64_t tiles = ((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
-    return ((tiles + sms - 1) / sms) * bn;
+    const int split = bn == 128 ? narrow_tail_split(tiles, sms) : 1;
+    return split > 1 ? (tiles / sms) * bn + bn / split : ((tiles + sms - 1) / sms) * bn;
   };
   return cost(112) < cost(128) ? 112 : 128;
 }
@@ -124,7 +141,7 @@ int group_m_setting() {
 
 template <typename T, Activation A, int BN, Epi E, bool BNMajor = false>
 void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb1, Params p, cudaStream_t stream,
-            int device) {
+            int device, const CUtensorMap* mb0_tail = nullptr, const CUtensorMap* mb1_tail = nullptr) {
   auto kernel = gated_gemm_kernel<T, A, BN, E, BNMajor>;
   constexpr int kSmem = KindLayout<E, BN>::kSmemBytes;
   static bool smem_set[64] = {};  // per device; setting it twice in a race is harmless
@@ -137,7 +154,9 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb0, const CUtensorMap& mb
   p.group_m = group_m_setting();
   const int tiles = p.tiles_m * p.tiles_n;
   const int grid = std::min(tiles, sm_count(device));
-  kernel<<<grid, threads<E, BN>(), kSmem, stream>>>(ma, mb0, mb1, p);
+  // the narrow tail's maps (gated forward, Params::tail_split > 1), else unused copies
+  kernel<<<grid, threads<E, BN>(), kSmem, stream>>>(ma, mb0, mb1, mb0_tail != nullptr ? *mb0_tail : mb0,
+                                                     mb1_tail != nullptr ? *mb1_tail : mb1, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -215,20 +234,31 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
-  const int bn = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sm_count(device));
+  const int sms = sm_count(device);
+  const int bn = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sms);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mg = tensor_map(gate_weight, kBK, bn, "gate_weight"),
                     mu = tensor_map(up_weight, kBK, bn, "up_weight");
+  // The narrow tail (128-column tiles only): the weights' maps in boxes of the slice's width.
+  const int64_t tiles = p.tiles_m * ((N + bn - 1) / bn);
+  const int split = bn == 128 ? narrow_tail_split(tiles, sms) : 1;
+  CUtensorMap mg_tail = mg, mu_tail = mu;
+  if (split > 1) {
+    p.tail_split = split;
+    p.tail_first = static_cast<int>((tiles / sms) * sms);  // the grid is sms wide here
+    mg_tail = tensor_map(gate_weight, kBK, bn / split, "gate_weight");
+    mu_tail = tensor_map(up_weight, kBK, bn / split, "up_weight");
+  }
   const bool h = use_h_only(pre.has_value(), p.tiles_m);
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     auto go = [&](auto kind) {
       constexpr Epi E = decltype(kind)::value;
       if (x.scalar_type() == at::kBFloat16) {
         if (bn == 112) launch<__nv_bfloat16, kAct, 112, E>(mx, mg, mu, p, stream, device);
-        else launch<__nv_bfloat16, kAct, 128, E>(mx, mg, mu, p, stream, device);
+        else launch<__nv_bfloat16, kAct, 128, E>(mx, mg, mu, p, stream, device, &mg_tail, &mu_tail);
       } else {
         if (bn == 112) launch<__half, kAct, 112, E>(mx, mg, mu, p, stream, device);
-        else launch<__half, kAct, 128, E>(mx, mg, mu, p, stream, device);
+        else launch<__half, kAct, 128, E>(mx, mg, mu, p, stream, device, &mg_tail, &mu_tail);
       }
     };
     if (h) go(std::integral_constant<Epi, Epi::kGatedFwdH>{});

@@ -169,6 +169,12 @@ struct Params {
   // DRAM about tiles_m / group_m times, the x rows of a group stay in L2. The op sets it from
   // FUSED_MLP_SM90_GROUP_M (an experiment switch; NOTES, session 15), else kGroupM.
   int group_m = kGroupM;
+  // The narrow tail (the gated forward kinds at BN = 128; the op sets it, see narrow_tail
+  // below): the tiles from tail_first on, the last and partial round of the persistent loop,
+  // are each cut into tail_split column slices of BN / tail_split, one slice per CTA, so that
+  // the round takes a fraction of a tile's time instead of a whole one. 1: off.
+  int tail_first = 0x7fffffff;
+  int tail_split = 1;
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* clocks = nullptr;  // [gridDim.x * kClockSlots]
 #endif
@@ -326,6 +332,40 @@ __host__ __device__ constexpr bool three_groups() {
 template <Epi E, int BN>
 __host__ __device__ constexpr int threads() {
   return three_groups<E, BN>() ? 384 : 512;
+}
+
+// The kinds that take the narrow tail (Params::tail_split): the gated forward kinds with
+// 128-column tiles (slices of 64 or 32 columns; 112 / 2 and 112 / 4 are not multiples of 16,
+// which the staging's stmatrix needs), not the experiment forms.
+template <Epi E, int BN>
+__host__ __device__ constexpr bool narrow_tail_kind() {
+  return gated_fwd(E) && BN == 128 && !paired<E>() && !three_groups<E, BN>();
+}
+
+// This CTA's share of the narrow tail: the plain tiles blockIdx.x, + gridDim.x, ... below
+// `first`, then (if `has`) column slice n_off .. n_off + BN / split - 1 of tile t. CTA b takes
+// slice b % split of tail tile b / split; CTAs from (tiles - first) * split on have none.
+struct TailShare {
+  int first;
+  int split;
+  bool has;
+  int t;
+  int n_off;
+};
+template <Epi E, int BN>
+__device__ __forceinline__ TailShare narrow_tail(const Params& p, int tiles) {
+  TailShare r{tiles, 1, false, 0, 0};
+  if constexpr (narrow_tail_kind<E, BN>()) {
+    if (p.tail_split > 1) {
+      const int b = blockIdx.x;
+      r.first = min(tiles, p.tail_first);
+      r.split = p.tail_split;
+      r.has = b < (tiles - r.first) * r.split;
+      r.t = r.first + b / r.split;
+      r.n_off = (b % r.split) * (BN / r.split);
+    }
+  }
+  return r;
 }
 template <Epi E, int BN>
 __host__ __device__ constexpr int epilogue_threads() {
@@ -530,6 +570,10 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 
 // The accumulator registers of an m64nNk16 wgmma (N / 2 per thread: 32 for N = 64, 56 for
 // N = 112, 64 for N = 128): the instruction's register list and the matching asm operands.
+#define FUSED_MLP_WGMMA_R16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define FUSED_MLP_WGMMA_ACC16(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define FUSED_MLP_WGMMA_R32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FUSED_MLP_WGMMA_ACC32(d) \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
@@ -590,6 +634,24 @@ __device__ __forceinline__ void mma(float (&d)[BN / 2], uint64_t da, uint64_t db
     FUSED_MLP_WGMMA_TYPED(128, FUSED_MLP_WGMMA_R64, FUSED_MLP_WGMMA_ACC64(d), "64", "65", "66")
   } else {
     FUSED_MLP_WGMMA_TYPED(112, FUSED_MLP_WGMMA_R56, FUSED_MLP_WGMMA_ACC56(d), "56", "57", "58")
+  }
+}
+
+// wgmma m64nWk16 into the first W / 2 registers of a BN-column accumulator (its columns 0 .. W - 1:
+// register i of any width holds column 8 (i / 4) + 2 (lane % 4) + i % 2): the narrow tail's
+// slices (W = BN / 2 or BN / 4 of a 128-column tile), K-major B only.
+template <typename T, int W, int BN, bool BNMajor>
+__device__ __forceinline__ void mma_cols(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t accumulate) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (W == BN) {
+    mma<T, BN, BNMajor>(d, da, db, accumulate);
+  } else {
+    static_assert(!BNMajor && (W == 32 || W == 64) && W < BN, "narrow slices: 32 or 64 columns, K-major B");
+    if constexpr (W == 32) {
+      FUSED_MLP_WGMMA_TYPED(32, FUSED_MLP_WGMMA_R16, FUSED_MLP_WGMMA_ACC16(d), "16", "17", "18")
+    } else {
+      FUSED_MLP_WGMMA_TYPED(64, FUSED_MLP_WGMMA_R32, FUSED_MLP_WGMMA_ACC32(d), "32", "33", "34")
+    }
   }
 }
 
@@ -1010,25 +1072,27 @@ __device__ __forceinline__ void narrow_dh_epilogue(const Params& p, int tiles, c
 
 // The epilogue threads of the gated forward kind (kEpiThreads of them, tid 0 .. kEpiThreads - 1).
 // Item e = tid + kEpiThreads i covers columns [8 (e % C), + 8) of row e / C of the staged
-// tile (C = BN / 8 chunks per row): consecutive threads store consecutive 16 bytes of a row
-// of h (and of g | u into pre when training).
+// tile (C = BN / 8 chunks per row, or W / 8 for a narrow tail slice W columns wide: the staged
+// tile's first W columns): consecutive threads store consecutive 16 bytes of a row of h (and of
+// g | u into pre when training). t_end: the caller's last tile; the narrow tail (tiles from
+// Params::tail_first on) is this function's own business.
 template <typename T, Activation A, int BN, Epi E, int kEpiThreads, int kArrivers>
 __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first, int t_end, uint32_t it0,
                                                    const T* stg_g, const T* stg_u, uint64_t* staged, uint64_t* freed,
                                                    int tid) {
-  constexpr int kChunks = BN / 8;
   using L = KindLayout<E, BN>;
   const bool cs = (p.flags & kHintStream) != 0;
+  const TailShare tail = narrow_tail<E, BN>(p, loop_tiles<E>(p));
   uint32_t it = it0;
   const long long start = clock_now();
   long long wait_staged = 0;
-  for (int t = t_first; t < t_end; t += gridDim.x, ++it) {
-    int m0, n0;
-    tile_coords<BN, paired<E>()>(t, p, m0, n0);
+  // One staged tile (or slice) of kChunks 16-byte chunks per row, its first column n0.
+  auto tile = [&](auto chunks_c, int m0, int n0) {
+    constexpr int kChunks = decltype(chunks_c)::value;
     bar_wait_timed(staged, it & 1, wait_staged);
 #if FUSED_MLP_SM90_PROBE == 3
     if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
-    continue;
+    return;
 #endif
 #pragma unroll 2
     for (int e = tid; e < kBM * kChunks; e += kEpiThreads) {
@@ -1064,6 +1128,19 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
       }
     }
     if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
+  };
+  for (int t = t_first; t < min(t_end, tail.first); t += gridDim.x, ++it) {
+    int m0, n0;
+    tile_coords<BN, paired<E>()>(t, p, m0, n0);
+    tile(std::integral_constant<int, BN / 8>{}, m0, n0);
+  }
+  if constexpr (narrow_tail_kind<E, BN>()) {
+    if (tail.has && t_end > tail.first) {
+      int m0, n0;
+      tile_coords<BN>(tail.t, p, m0, n0);
+      if (tail.split == 2) tile(std::integral_constant<int, BN / 16>{}, m0, n0 + tail.n_off);
+      else tile(std::integral_constant<int, BN / 32>{}, m0, n0 + tail.n_off);
+    }
   }
   clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
   clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
@@ -1089,7 +1166,8 @@ __device__ __forceinline__ void epilogue_tiles(const Params& p, int t_first, int
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void __launch_bounds__(threads<E, BN>(), 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
-                      const __grid_constant__ CUtensorMap map_u, const Params p) {
+                      const __grid_constant__ CUtensorMap map_u, const __grid_constant__ CUtensorMap map_g_tail,
+                      const __grid_constant__ CUtensorMap map_u_tail, const Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   using L = KindLayout<E, BN>;
   constexpr int kSt = ring_stages<E, BN>();
@@ -1140,6 +1218,9 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
   // The CTA's tiles are blockIdx.x + i gridDim.x, i < mine (the grid is at most the tile count).
   const int mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
   const int t_last = blockIdx.x + (mine - 1) * gridDim.x;
+  // The narrow tail (Params::tail_split): plain tiles below tail.first, then this CTA's slice.
+  // map_g_tail / map_u_tail describe the weights in boxes of the slice's width.
+  const TailShare tail = narrow_tail<E, BN>(p, tiles);
   // FUSED_MLP_SM90_TAIL_HELP: the last tile's epilogue is the only one nothing overlaps, so the
   // MMA groups, done by then, join it (kEpiThreads + 256 threads). The wide dh kinds only: there
   // it measured 101.7 -> 99.5 us at GeGLU d768 and faster at every shape; the forward kinds did
@@ -1190,7 +1271,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       const uint32_t rank = kPair ? cluster_rank() : 0;
       uint32_t c = 0;
       long long waited = 0;
-      for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tiles; t += gridDim.x) {
+      for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tail.first; t += gridDim.x) {
         int m0, n0;
         tile_coords<kTileN, kPair>(t, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
@@ -1215,6 +1296,23 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
           } else {
             tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, policy);
             tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN, policy);
+          }
+        }
+      }
+      if constexpr (narrow_tail_kind<E, BN>()) {
+        if (tail.has) {  // the slice's columns of Wg and Wu, at the full tiles' places in the stage
+          int m0, n0;
+          tile_coords<kTileN>(tail.t, p, m0, n0);
+          n0 += tail.n_off;
+          const uint32_t bytes = kTileBytesX + 2 * (BN / tail.split) * kBK * 2;
+          for (int kb = 0; kb < ksteps; ++kb, ++c) {
+            const int s = c % kSt;
+            bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
+            bar_expect_tx(&full[s], bytes);
+            uint8_t* st = smem + s * kStageBytes;
+            tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
+            tma_load(st + kTileBytesX, &map_g_tail, &full[s], kb * kBK, n0, policy);
+            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u_tail, &full[s], kb * kBK, n0, policy);
           }
         }
       }
@@ -1243,15 +1341,17 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     uint32_t c = 0, it = 0;
     const long long start = clock_now();
     long long wait_full = 0, wait_freed = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++it) {
+    // One tile, or a narrow tail slice W < BN columns wide whose first column is n0 (its
+    // accumulators: the first W / 2 registers of acc_g and acc_u; staged into the staging
+    // tile's first W columns).
+    auto mma_tile = [&](auto width_c, int n0) {
+      constexpr int W = decltype(width_c)::value;
       // The biases of the tile's columns, loaded now so the loads' latency hides behind the
       // K loop, and added to the fp32 accumulators before g and u are rounded once, as
       // cuBLAS's bias epilogue. Word w (columns n0 + 2 w, + 1) of each bias lives in lane
       // w % 32 of every warp, register w / 32: four registers a thread instead of BN / 4
       // (the staging below fetches the words it needs with shuffles). Biases only exist in
       // the forward kinds.
-      int m0, n0;
-      tile_coords<kTileN, kPair>(t, p, m0, n0);
       uint32_t bias_w[4];  // g words lane, 32 + lane; then u's
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -1287,8 +1387,8 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
           if constexpr (kWideMma) {
             mma_both<T, BN, BNMajor>(acc_g, acc_u, da + 2 * kk, dg + kStepB * kk, accumulate);
           } else {
-            mma<T, BN, BNMajor>(acc_g, da + 2 * kk, dg + kStepB * kk, accumulate);
-            mma<T, BN, BNMajor>(acc_u, da + 2 * kk, du + kStepB * kk, accumulate);
+            mma_cols<T, W, BN, BNMajor>(acc_g, da + 2 * kk, dg + kStepB * kk, accumulate);
+            mma_cols<T, W, BN, BNMajor>(acc_u, da + 2 * kk, du + kStepB * kk, accumulate);
           }
         }
         wgmma_commit();
@@ -1315,7 +1415,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       const int q = lane / 8;
       const int row = half * 64 + warp * 16 + (q & 1) * 8 + lane % 8;
 #pragma unroll
-      for (int j = 0; j < (FUSED_MLP_SM90_PROBE_NOSTAGE ? 0 : BN / 16); ++j) {
+      for (int j = 0; j < (FUSED_MLP_SM90_PROBE_NOSTAGE ? 0 : W / 16); ++j) {
         const int chunk = 2 * j + (q >> 1);
         const uint32_t ag = smem_addr(stg_chunk<L>(stg_g, row, chunk));
         const uint32_t au = smem_addr(stg_chunk<L>(stg_u, row, chunk));
@@ -1337,6 +1437,19 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         }
       }
       bar_arrive(staged);
+    };
+    for (int t = blockIdx.x; t < tail.first; t += gridDim.x, ++it) {
+      int m0, n0;
+      tile_coords<kTileN, kPair>(t, p, m0, n0);
+      mma_tile(std::integral_constant<int, BN>{}, n0);
+    }
+    if constexpr (narrow_tail_kind<E, BN>()) {
+      if (tail.has) {
+        int m0, n0;
+        tile_coords<kTileN>(tail.t, p, m0, n0);
+        if (tail.split == 2) mma_tile(std::integral_constant<int, BN / 2>{}, n0 + tail.n_off);
+        else mma_tile(std::integral_constant<int, BN / 4>{}, n0 + tail.n_off);
+      }
     }
     clock_store(p, kClkMmaFull, wait_full, wg == 1 && tid == 0);
     clock_store(p, kClkMmaFreed, wait_freed, wg == 1 && tid == 0);
@@ -1362,6 +1475,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
 
 template <typename T, Activation A, int BN, Epi E, bool BNMajor>
 __global__ void gated_gemm_kernel(const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
+                                  const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                                   const __grid_constant__ CUtensorMap, const Params) {}
 
 #endif
