@@ -30,6 +30,9 @@
 // instead of the epilogue threads loading them into registers (gu_tma below), and one
 // m64n128k16 covers both 64-column halves (mma_both). In the wide dh kinds the MMA groups,
 // once past their last tile, help with its epilogue (TAIL_HELP).
+// In the gated forward kinds with at least 4 full rounds of 128-column tiles, the persistent
+// loop's partial last round is cut into 32- or 64-column slices, one per CTA (the narrow tail,
+// Params::tail_split): SwiGLU M 4096's kernel -1.4%, same bits (NOTES, session 23).
 // g and u are rounded to the input dtype before the activation, as eager PyTorch,
 // torch.compile and Liger round them (their GEMMs write g and u in that dtype).
 //
