@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -106,3 +107,19 @@ def write_report(path, rows: list, **extra) -> None:
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({**run_info(), **extra, "rows": rows}, indent=1) + "\n")
+
+
+def with_env(fn: Callable[[], object], name: str, value: str) -> Callable[[], object]:
+    """fn with the environment variable `name` set to `value` for the length of each call (and
+    restored after): an A/B of a switch the ops read at every call, in one process."""
+    def call():
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+    return call

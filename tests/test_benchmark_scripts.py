@@ -274,3 +274,24 @@ def test_host_overhead_sync_check_reports_each_warned_sync(monkeypatch):
     with pytest.raises(RuntimeError, match="step failed"):
         ho.sync_check({"fails": failing}, lines.append)
     assert modes[-1] == "default"
+
+
+def test_with_env_sets_the_switch_for_each_call_and_restores_it(monkeypatch):
+    """_common.with_env (the in-process A/B of a switch the ops read per call): the variable
+    holds the value during the call only, an earlier value comes back after it, also when the
+    call raises."""
+    common = _load("common_under_test", BENCH / "_common.py")
+    name = "FUSED_MLP_TEST_WITH_ENV"
+    monkeypatch.delenv(name, raising=False)
+    seen = []
+    fn = common.with_env(lambda: seen.append(os.environ.get(name)) or 7, name, "0")
+    assert fn() == 7 and seen == ["0"] and name not in os.environ
+    monkeypatch.setenv(name, "1")
+
+    def boom():
+        seen.append(os.environ.get(name))
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError):
+        common.with_env(boom, name, "0")()
+    assert seen == ["0", "0"] and os.environ[name] == "1"

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import bench_mlp as B
 import bench_train as T
-from _common import graphed, run_info
+from _common import run_info, with_env
 from kernels import get_kernel
 
 fm = get_kernel("org/fused-mlp", version=1)
@@ -20,13 +20,8 @@ ROUNDS = 3
 
 
 def off(fn):
-    def f():
-        os.environ["FUSED_MLP_SM90_NARROW_TAIL"] = "0"
-        try:
-            return fn()
-        finally:
-            del os.environ["FUSED_MLP_SM90_NARROW_TAIL"]
-    return f
+    """fn with the narrow tail switched off (the op reads the switch at each call)."""
+    return with_env(fn, "FUSED_MLP_SM90_NARROW_TAIL", "0")
 
 
 def rounds(fns, budget, before=None):

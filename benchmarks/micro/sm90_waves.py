@@ -15,7 +15,7 @@ import time
 import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import bench_mlp as B
-from _common import run_info
+from _common import run_info, with_env
 from kernels import get_kernel
 
 fm = get_kernel("org/fused-mlp", version=1)
@@ -33,13 +33,7 @@ wgu = torch.cat([wg, wu])
 
 def off(fn):
     """fn with the narrow tail switched off (the op reads the switch at each call)."""
-    def f():
-        os.environ["FUSED_MLP_SM90_NARROW_TAIL"] = "0"
-        try:
-            return fn()
-        finally:
-            del os.environ["FUSED_MLP_SM90_NARROW_TAIL"]
-    return f
+    return with_env(fn, "FUSED_MLP_SM90_NARROW_TAIL", "0")
 
 
 os.environ.pop("FUSED_MLP_SM90_NARROW_TAIL", None)
