@@ -324,6 +324,14 @@ def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int,
     return times, extra
 
 
+def alternating_rounds(fns: dict, budget_ms: float, device: str, repeats: int, before=None) -> tuple[dict, dict]:
+    """timed_rounds with alternating calls, for scripts outside the record's table (the micro
+    A/Bs): ({name: median ms over the rounds}, {name: [ms of each round]})."""
+    times, extra = timed_rounds("", "alternating", fns, None, repeats,
+                                lambda live: alternating(live, budget_ms, device, before=before))
+    return times, extra.get("rounds_ms", {n: [t] for n, t in times.items() if t is not None})
+
+
 def rounds_text(row: dict) -> str:
     """A table line's tail for a row timed in rounds: the spread of ours / best per round."""
     r = row.get("ratio_per_round")

@@ -137,6 +137,23 @@ def test_timed_rounds_with_one_timer_for_all_and_the_alternating_order():
     assert all(sorted(o[i] for o in orders[:3]) == names for i in range(3))  # every position once
 
 
+def test_alternating_rounds_gives_medians_and_every_round(monkeypatch):
+    """bench_mlp.alternating_rounds (the micro A/B scripts' timer): `repeats` rounds of
+    alternating(fns, budget, device, before), the median per name and each round's time."""
+    bm = _load("bench_mlp_under_test", BENCH / "bench_mlp.py")
+    calls, times = [], iter([{"a": 3.0, "b": 1.0}, {"a": 1.0, "b": 2.0}, {"a": 2.0, "b": 9.0}])
+
+    def fake(fns, budget_ms, device, before=None):
+        calls.append((sorted(fns), budget_ms, device, before))
+        return next(times)
+
+    monkeypatch.setattr(bm, "alternating", fake)
+    before = object()
+    med, per = bm.alternating_rounds({"a": lambda: None, "b": lambda: None}, 1500, "cpu", 3, before=before)
+    assert calls == [(["a", "b"], 1500, "cpu", before)] * 3
+    assert med == {"a": 2.0, "b": 2.0} and per == {"a": [3.0, 1.0, 2.0], "b": [1.0, 2.0, 9.0]}
+
+
 def test_bench_mlp_alternating_dry_run(tmp_path):
     out = tmp_path / "fwd.json"
     res = subprocess.run(

@@ -9,7 +9,6 @@ weight-gradient and dx GEMMs): alone ("alone": F.linear at the issue's shapes), 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/blas_backend_ab.py OUT.json [alone,fwd,train]
 """
 import json
-import statistics
 import sys
 import time
 
@@ -37,15 +36,6 @@ def with_blas(fn, name):
     return f
 
 
-def rounds(fns, budget, before=None):
-    per = {n: [] for n in fns}
-    for _ in range(ROUNDS):
-        r = B.alternating(fns, budget, "cuda", before=before)
-        for n, v in r.items():
-            per[n].append(v)
-    return {n: statistics.median(v) for n, v in per.items()}, per
-
-
 res = {**run_info("cuda"), "command": "python3 benchmarks/micro/blas_backend_ab.py " + " ".join(sys.argv[1:]),
        "rows": []}
 print("default blas", torch.backends.cuda.preferred_blas_library(), flush=True)
@@ -60,7 +50,7 @@ if "alone" in which:
         base = lambda: F.linear(a, w, b)
         fns = {"cublas": base, "cublaslt": with_blas(base, "cublaslt")}
         y0, y1 = fns["cublas"](), fns["cublaslt"]()
-        med, per = rounds(fns, 1000)
+        med, per = B.alternating_rounds(fns, 1000, "cuda", ROUNDS)
         row = {"what": f"F.linear M{m} N{n} K{k}{' bias' if bias else ''}", "ms": med, "rounds": per,
                "lt_over_cublas": med["cublaslt"] / med["cublas"], "max_abs_diff": (y0 - y1).abs().max().item()}
         print(json.dumps(row), flush=True)
@@ -88,7 +78,7 @@ if "fwd" in which:
             bit = torch.equal(impl["ours"](), impl["ours_lt"]())
             for mode in (["events", "graph"] if c.m <= 128 or c.d <= 1024 else ["events"]):
                 calls = {k: (graphed(f) if mode == "graph" else f) for k, f in impl.items()}
-                med, per = rounds(calls, 1500)
+                med, per = B.alternating_rounds(calls, 1500, "cuda", ROUNDS)
                 best = min(med[p] for p in ("eager", "compile", "liger") if p in med)
                 row = {"what": c.name, "timing": mode, "ms": med, "rounds": per, "rel_err": errs,
                        "bit_identical": bit, "ours_over_best": med["ours"] / best,
@@ -121,7 +111,7 @@ if "train" in which:
             for p in ps:
                 p.grad = None
 
-        med, per = rounds(steps, 2000, before=no_grads)
+        med, per = B.alternating_rounds(steps, 2000, "cuda", ROUNDS, before=no_grads)
         best = min(med[p] for p in ("eager", "compile", "liger") if p in med)
         row = {"what": c.name, "timing": "events", "ms": med, "rounds": per, "grad_rel_err": errs,
                "ours_over_best": med["ours"] / best, "ours_lt_over_best": med["ours_lt"] / best,
@@ -130,7 +120,7 @@ if "train" in which:
         res["rows"].append(row)
         if c.d <= 1024:
             gs = {k: T.graphed_step(s, ps) for k, s in steps.items()}
-            med, per = rounds(gs, 2000)
+            med, per = B.alternating_rounds(gs, 2000, "cuda", ROUNDS)
             best = min(med[p] for p in ("eager", "compile", "liger") if p in med)
             row = {"what": c.name, "timing": "graph", "ms": med, "rounds": per,
                    "ours_over_best": med["ours"] / best, "ours_lt_over_best": med["ours_lt"] / best,

@@ -5,7 +5,11 @@ contain one of the comma-separated patterns (session 23, NOTES).
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/narrow_tail_ab.py OUT.json swiglu_m4096
 """
-import json, os, statistics, sys, time
+import json
+import os
+import sys
+import time
+
 import torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 import bench_mlp as B
@@ -24,14 +28,6 @@ def off(fn):
     return with_env(fn, "FUSED_MLP_SM90_NARROW_TAIL", "0")
 
 
-def rounds(fns, budget, before=None):
-    per = {n: [] for n in fns}
-    for _ in range(ROUNDS):
-        for n, v in B.alternating(fns, budget, "cuda", before=before).items():
-            per[n].append(v)
-    return {n: statistics.median(v) for n, v in per.items()}, per
-
-
 liger = B.load_liger()
 os.environ.pop("FUSED_MLP_SM90_NARROW_TAIL", None)
 for c in B.all_cases():
@@ -44,7 +40,7 @@ for c in B.all_cases():
     impl["ours_notail"] = off(impl["ours"])
     with torch.inference_mode():
         bit = torch.equal(impl["ours"](), impl["ours_notail"]())
-        med, per = rounds(impl, 1500)
+        med, per = B.alternating_rounds(impl, 1500, "cuda", ROUNDS)
     best = min(med[p] for p in ("eager", "compile", "liger") if p in med)
     row = {"what": c.name, "ms": med, "rounds": per, "bit_identical": bit, "ours_over_best": med["ours"] / best,
            "notail_over_best": med["ours_notail"] / best, "tail_over_notail": med["ours"] / med["ours_notail"]}
@@ -70,7 +66,7 @@ for c in T.all_cases():
         for p in ps:
             p.grad = None
 
-    med, per = rounds(steps, 2000, before=no_grads)
+    med, per = B.alternating_rounds(steps, 2000, "cuda", ROUNDS, before=no_grads)
     best = min(med[p] for p in ("eager", "compile", "liger") if p in med)
     row = {"what": c.name, "ms": med, "rounds": per, "bit_identical": bit, "ours_over_best": med["ours"] / best,
            "notail_over_best": med["ours_notail"] / best, "tail_over_notail": med["ours"] / med["ours_notail"]}

@@ -8,7 +8,6 @@ fill the SMs differently (default 3968, 4096, 4224, 4352: 31-34 row blocks). Pri
 """
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -53,12 +52,7 @@ for m in MS:
         "dh": lambda: ops.dact_gemm_sm90(dout, dy, wd, pre, act, True, True),
         "cublas_x_wgu": lambda: torch.mm(x, wgu.t(), out=gu),
     }
-    per = {n: [] for n in fns}
-    for _ in range(3):
-        r = B.alternating(fns, 1500, "cuda")
-        for n, v in r.items():
-            per[n].append(v)
-    med = {n: statistics.median(v) for n, v in per.items()}
+    med, per = B.alternating_rounds(fns, 1500, "cuda", 3)
     row = {"m": m, "ms": med, "rounds": per, "us_per_row": {n: v * 1e3 / m for n, v in med.items()}}
     print(json.dumps({"m": m, "ms": {n: round(v, 4) for n, v in med.items()},
                       "ns_per_row": {n: round(v * 1e6 / m, 2) for n, v in med.items()}}), flush=True)
