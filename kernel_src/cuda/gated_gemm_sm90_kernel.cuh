@@ -416,6 +416,25 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 #ifndef FUSED_MLP_SM90_PROBE_NOMAIN
 #define FUSED_MLP_SM90_PROBE_NOMAIN 0
 #endif
+// FUSED_MLP_SM90_PROBE_NOX=1 (probe only, with FUSED_MLP_SM90_PROBE=3): the producer loads no
+// x tiles (the MMAs read whatever the stage holds), so a stage brings only the weights: how
+// much of the few-token stream's time the x tiles' L2 reads cost (NOTES, session 24).
+#ifndef FUSED_MLP_SM90_PROBE_NOX
+#define FUSED_MLP_SM90_PROBE_NOX 0
+#endif
+static_assert(!FUSED_MLP_SM90_PROBE_NOX || FUSED_MLP_SM90_PROBE == 3, "PROBE_NOX computes no result: PROBE=3 only");
+// FUSED_MLP_SM90_PROBE_NOWU=1 (probe only, with FUSED_MLP_SM90_PROBE=3, the K-major gated forward):
+// as PROBE_NOX=2 for the up weight's tiles (16 KB of a stage at BN 128, as x's) instead of x's.
+#ifndef FUSED_MLP_SM90_PROBE_NOWU
+#define FUSED_MLP_SM90_PROBE_NOWU 0
+#endif
+static_assert(!FUSED_MLP_SM90_PROBE_NOWU || FUSED_MLP_SM90_PROBE == 3, "PROBE_NOWU computes no result: PROBE=3 only");
+// FUSED_MLP_SM90_PROBE_NOMMA=1 (probe only, with FUSED_MLP_SM90_PROBE=3): the MMA groups wait for
+// each stage and release it without issuing its MMAs: the ring's TMA stream alone.
+#ifndef FUSED_MLP_SM90_PROBE_NOMMA
+#define FUSED_MLP_SM90_PROBE_NOMMA 0
+#endif
+static_assert(!FUSED_MLP_SM90_PROBE_NOMMA || FUSED_MLP_SM90_PROBE == 3, "PROBE_NOMMA computes no result: PROBE=3 only");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FUSED_MLP_SM90_DEVICE 1
@@ -1213,6 +1232,22 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+#if FUSED_MLP_SM90_PROBE_NOX == 2 || FUSED_MLP_SM90_PROBE_NOWU
+  // PROBE_NOX=2: the x tiles the MMAs read hold pseudo-random values of x's scale, written once
+  // here (the tensor cores' energy depends on their operands: NOX=1's stale shared memory may
+  // be zeros), so that only the x loads' traffic is missing.
+  for (int i = threadIdx.x; i < kSt * kTileBytesX / 4; i += blockDim.x) {
+    const int s = i / (kTileBytesX / 4), w = i % (kTileBytesX / 4);
+    uint32_t h = (uint32_t(i) + 0x9e3779b9u * (blockIdx.x + 1)) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float a = float(h & 0xffffu) * (4.0f / 65536.0f) - 2.0f, b = float(h >> 16) * (4.0f / 65536.0f) - 2.0f;
+    reinterpret_cast<uint32_t*>(smem + s * kStageBytes + (FUSED_MLP_SM90_PROBE_NOWU ? kTileBytesX + L::kTileBytesW : 0))[w] =
+        pack2<T>(FUSED_MLP_SM90_PROBE_NOWU ? 0.25f * a : a, FUSED_MLP_SM90_PROBE_NOWU ? 0.25f * b : b);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
   if constexpr (kPair) cluster_sync();  // the peer's barriers exist before any multicast or remote arrival
   else __syncthreads();
 
@@ -1285,9 +1320,10 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
           // the first is issued, so each weight row's two 128-byte pieces are requested together.
           if (kb % 2 == 0 && kb + 1 < ksteps) bar_wait_timed(&empty[(c + 1) % kSt], (((c + 1) / kSt) & 1) ^ 1, waited);
 #endif
-          bar_expect_tx(&full[s], kStageBytes);
+          bar_expect_tx(&full[s], kStageBytes - (FUSED_MLP_SM90_PROBE_NOX ? kTileBytesX : 0) -
+                                      (FUSED_MLP_SM90_PROBE_NOWU ? L::kTileBytesW : 0));
           uint8_t* st = smem + s * kStageBytes;
-          tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
+          if (!FUSED_MLP_SM90_PROBE_NOX) tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
           if constexpr (BNMajor) {
             // 64-column boxes of 64 K rows: columns n0 .. n0 + 2 BN - 1 (both halves)
 #pragma unroll
@@ -1298,7 +1334,8 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
             else tma_load_multicast(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, n0, 0x3, policy);
           } else {
             tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, policy);
-            tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN, policy);
+            if (!FUSED_MLP_SM90_PROBE_NOWU)
+              tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN, policy);
           }
         }
       }
@@ -1339,6 +1376,10 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     };
     const int warp = tid / 32, lane = tid % 32;
     float acc_g[BN / 2], acc_u[BN / 2];
+#if FUSED_MLP_SM90_PROBE_NOMMA
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc_g[i] = acc_u[i] = 0.0f;
+#endif
     const T* bg = static_cast<const T*>(p.bg);
     const T* bu = static_cast<const T*>(p.bu);
     uint32_t c = 0, it = 0;
@@ -1385,7 +1426,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         fence_regs(acc_u);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
+        for (int kk = 0; kk < (FUSED_MLP_SM90_PROBE_NOMMA ? 0 : kBK / 16); ++kk) {
           const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
           if constexpr (kWideMma) {
             mma_both<T, BN, BNMajor>(acc_g, acc_u, da + 2 * kk, dg + kStepB * kk, accumulate);
