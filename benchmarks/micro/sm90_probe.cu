@@ -15,6 +15,9 @@
 // PROBE_SHAPES=swiglu_m128,geglu_d768 (environment) runs only the forward shapes named;
 // PROBE_GROUP_M=n sets the row blocks that walk the columns together (Params::group_m).
 //
+// "tall" times the 192-row gated forward experiment (gated_fwd_tall_kernel.cuh, session 24)
+// against the 128-row kind, after comparing their outputs bit for bit (run_tall below).
+//
 // -DPROBE_DH_BN=64 times the narrow gated dh kind (128 x 128 tiles, g | u TMA-loaded; session
 // 12) instead of the wide one. PROBE_MORE_K=1 (environment) adds two dh shapes with K = 1024
 // and 2048, where the host's choice between the two kinds was measured.
@@ -29,6 +32,7 @@
 // half of those launches the time, energy (NVML) and mean power per launch and the SM clock:
 // at the H200's 700 W limit energy per launch decides the speed (see time_us).
 #include "gated_gemm_sm90_kernel.cuh"
+#include "gated_fwd_tall_kernel.cuh"
 
 #include <cudaTypedefs.h>
 
@@ -363,7 +367,10 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<bf16> x(size_t(M) * K), wg(size_t(N) * K), wu(size_t(N) * K);
   const float ws = 1.0f / std::sqrt(float(K));
-  for (auto& v : x) v = __float2bfloat16(nd(rng));
+  // PROBE_X_ZERO=1 (environment): x all zeros (the same traffic, idle multipliers: how much of
+  // a launch's energy the operands' values decide; NOTES, session 24).
+  const bool x_zero = std::getenv("PROBE_X_ZERO") != nullptr;
+  for (auto& v : x) v = __float2bfloat16(x_zero ? 0.0f : nd(rng));
   for (auto& v : wg) v = __float2bfloat16(nd(rng) * ws);
   for (auto& v : wu) v = __float2bfloat16(nd(rng) * ws);
   std::vector<bf16> bg(N), bu(N);
@@ -485,8 +492,137 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
   cudaFree(d_bu);
 }
 
+// "tall" mode: the 192-row gated forward (gated_fwd_tall_kernel.cuh, inference) against the
+// 128-row kind the op runs there (kGatedFwd, BN 128): every output compared bit for bit, 512
+// sampled against float64, then both timed (and sustained under PROBE_SUSTAIN_MS).
+// PROBE_TALL_GROUP_M=n: the tall kernel's row blocks per group (default 11: 2112 rows of x, about
+// the 128-row kernel's 16 x 128).
+template <Activation A>
+static void run_tall(const char* label, const char* shape, int M, int K, int N, bool bias) {
+  if (!shape_selected(shape)) return;
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<bf16> x(size_t(M) * K), wg(size_t(N) * K), wu(size_t(N) * K), bg(N), bu(N);
+  const float ws = 1.0f / std::sqrt(float(K));
+  for (auto& v : x) v = __float2bfloat16(nd(rng));
+  for (auto& v : wg) v = __float2bfloat16(nd(rng) * ws);
+  for (auto& v : wu) v = __float2bfloat16(nd(rng) * ws);
+  for (int n = 0; n < N; ++n) {
+    bg[n] = __float2bfloat16(bias ? nd(rng) : 0.0f);
+    bu[n] = __float2bfloat16(bias ? nd(rng) : 0.0f);
+  }
+  bf16 *d_x, *d_wg, *d_wu, *d_h, *d_ref, *d_bg, *d_bu;
+  const auto upload = [](bf16** d, const std::vector<bf16>& h) {
+    CK(cudaMalloc(d, h.size() * 2));
+    CK(cudaMemcpy(*d, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  };
+  upload(&d_x, x);
+  upload(&d_wg, wg);
+  upload(&d_wu, wu);
+  upload(&d_bg, bg);
+  upload(&d_bu, bu);
+  CK(cudaMalloc(&d_h, size_t(M) * N * 2));
+  CK(cudaMalloc(&d_ref, size_t(M) * N * 2));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  s::Params p{};
+  p.bg = bias ? d_bg : nullptr;
+  p.bu = bias ? d_bu : nullptr;
+  p.ldo = N;
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.flags = probe_flags(s::gated_forward_hints(false, 2 * (int64_t(M) * K + 2 * int64_t(N) * K)));
+  // the 128-row kind, as the op launches it for inference at these sizes
+  s::Params pr = p;
+  pr.out = d_ref;
+  pr.tiles_m = (M + s::kBM - 1) / s::kBM;
+  pr.tiles_n = (N + 127) / 128;
+  pr.group_m = probe_group_m();
+  const CUtensorMap rx = map2d(d_x, M, K, s::kBK, s::kBM), rg = map2d(d_wg, N, K, s::kBK, 128),
+                    ru = map2d(d_wu, N, K, s::kBK, 128);
+  auto ref_kernel = s::gated_gemm_kernel<bf16, A, 128, s::Epi::kGatedFwd, false>;
+  constexpr int kRefSmem = s::KindLayout<s::Epi::kGatedFwd, 128>::kSmemBytes;
+  constexpr int kRefThreads = s::threads<s::Epi::kGatedFwd, 128>();
+  CK(cudaFuncSetAttribute(ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRefSmem));
+  const int ref_grid = std::min(pr.tiles_m * pr.tiles_n, sms);
+  const auto launch_ref = [&] { ref_kernel<<<ref_grid, kRefThreads, kRefSmem>>>(rx, rg, ru, rg, ru, pr); };
+  // the tall kernel
+  s::Params pt = p;
+  pt.out = d_h;
+  pt.tiles_m = (M + s::kTallBM - 1) / s::kTallBM;
+  pt.tiles_n = (N + s::kTallBN - 1) / s::kTallBN;
+  const char* gm = std::getenv("PROBE_TALL_GROUP_M");
+  pt.group_m = gm != nullptr ? std::max(1, std::atoi(gm)) : 11;
+  const CUtensorMap tx = map2d(d_x, M, K, s::kBK, s::kTallBM), th = map2d(d_h, M, N, 64, s::kTallBM);
+  auto tall = s::gated_fwd_tall_kernel<bf16, A>;
+  constexpr int kTallSmem = s::TallLayout::kSmemBytes;
+  CK(cudaFuncSetAttribute(tall, cudaFuncAttributeMaxDynamicSharedMemorySize, kTallSmem));
+  const int tall_grid = std::min(pt.tiles_m * pt.tiles_n, sms);
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  unsigned long long* d_clk = attach_clocks(pt, tall_grid);
+  unsigned long long* d_rclk = attach_clocks(pr, ref_grid);
+#endif
+  const auto launch_tall = [&] { tall<<<tall_grid, s::kTallThreads, kTallSmem>>>(tx, rg, ru, th, pt); };
+
+  CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
+  CK(cudaMemset(d_ref, 0xff, size_t(M) * N * 2));
+  launch_ref();
+  launch_tall();
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<bf16> h(size_t(M) * N), ref(size_t(M) * N);
+  CK(cudaMemcpy(h.data(), d_h, h.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(ref.data(), d_ref, ref.size() * 2, cudaMemcpyDeviceToHost));
+  size_t differ = 0;
+  for (size_t i = 0; i < h.size(); ++i)
+    differ += reinterpret_cast<const uint16_t*>(h.data())[i] != reinterpret_cast<const uint16_t*>(ref.data())[i];
+  int bad = 0;
+  double worst = 0.0;
+  std::uniform_int_distribution<int> um(0, M - 1), un(0, N - 1);
+  for (int i = 0; i < 512; ++i) {
+    const int m = i < 8 ? M - 1 - i % std::min(M, 4) : um(rng), n = i < 8 ? N - 1 - i / 4 : un(rng);
+    double g = bf(bg[n]), u = bf(bu[n]);
+    for (int k = 0; k < K; ++k) {
+      g += double(bf(x[size_t(m) * K + k])) * bf(wg[size_t(n) * K + k]);
+      u += double(bf(x[size_t(m) * K + k])) * bf(wu[size_t(n) * K + k]);
+    }
+    g = round_bf(g);
+    u = round_bf(u);
+    double f, d;
+    act_grad(A, g, f, d);
+    check_value(bf(h[size_t(m) * N + n]), f * u, worst, bad);
+  }
+  const auto [rmed, rlo] = time_us(launch_ref);
+  const std::string ref_sus = sustained_text();
+  const auto [tmed, tlo] = time_us(launch_tall);
+  const std::string tall_sus = sustained_text();
+  const double flops = 4.0 * M * K * double(N);
+  std::printf("[probe] %-22s %-14s tall%s bits %s (%zu differ)  check %s (worst %.4f)\n", label, shape,
+              bias ? " bias" : "     ", differ == 0 ? "same" : "DIFFER", differ, bad == 0 ? "ok" : "FAIL", worst);
+  std::printf("[probe] %-22s %-14s 128-row median %7.1f us  min %7.1f  %6.1f TFLOP/s%s\n", label, shape, rmed, rlo,
+              flops / rmed * 1e-6, ref_sus.c_str());
+  std::printf("[probe] %-22s %-14s 192-row median %7.1f us  min %7.1f  %6.1f TFLOP/s%s\n", label, shape, tmed, tlo,
+              flops / tmed * 1e-6, tall_sus.c_str());
+#if FUSED_MLP_SM90_PROBE_CLOCKS
+  // the 128-row kind's slots as named; the tall kernel's: producer<-empty = thread 0's waits for
+  // empty stages, mma<-full / mma<-freed / epi<-gu = the full waits of threads 0 / 128 / 256, mma
+  // total = thread 0's time, epi<-staged = its hand-offs, loader<-empty = its wgmma_wait<1>.
+  print_clocks("128-row", shape, d_rclk, ref_grid);
+  print_clocks("192-row", shape, d_clk, tall_grid);
+#endif
+  for (bf16* d : {d_x, d_wg, d_wu, d_h, d_ref, d_bg, d_bu}) cudaFree(d);
+}
+
 int main(int argc, char** argv) {
   const char* label = argc > 1 ? argv[1] : "variant";
+  if (argc > 2 && std::string(argv[2]) == "tall") {
+    run_tall<Activation::kSilu>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
+    run_tall<Activation::kGeluTanh>(label, "m64_n264", 64, 72, 264, false);      // one row group active
+    run_tall<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, false);
+    run_tall<Activation::kSilu>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+    return 0;
+  }
   if (argc > 2 && std::string(argv[2]) == "fwd") {
     run_fwd<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, true, false);
     run_fwd<Activation::kGeluTanh>(label, "geglu_d768", 8192, 768, 3072, false, false);

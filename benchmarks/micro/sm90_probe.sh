@@ -5,7 +5,8 @@
 #   bash benchmarks/micro/sm90_probe.sh run     # on the H200: one line per variant and shape
 # Each variant is the set of FUSED_MLP_SM90_* switches after its name (see the kernel header).
 # PROBE_VARIANTS="name -Dflag ...;name2 ..." replaces the list below (same value for build and run).
-# Variants whose name starts with "fwd" time the gated forward kind (sm90_probe.cu's "fwd" mode).
+# Variants whose name starts with "fwd" time the gated forward kind (sm90_probe.cu's "fwd" mode),
+# "tall" the 192-row experiment against it (gated_fwd_tall_kernel.cuh; "tall" mode).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
@@ -33,7 +34,7 @@ case "${1:-}" in
       # shellcheck disable=SC2086
       "$NVCC" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH -Ikernel_src/common \
         -Ikernel_src/cuda -Xptxas -v $flags -o ".probe/$name" benchmarks/micro/sm90_probe.cu 2>&1 |
-        grep -E "error|spill stores" | sort -u | sed "s/^/[$name] /"
+        grep -E "error|spill stores|C75[0-9][0-9]" | sort -u | sed "s/^/[$name] /"
     done
     "$NVCC" -std=c++17 -O3 -arch=sm_90 -o .probe/stream_pattern benchmarks/micro/stream_pattern.cu
     ;;
@@ -44,6 +45,7 @@ case "${1:-}" in
       echo "[variant] $name: ${flags:-defaults}"
       mode=""
       [[ "$name" == fwd* ]] && mode=fwd
+      [[ "$name" == tall* ]] && mode=tall
       timeout 60 ".probe/$name" "$name" $mode || echo "[probe] $name: exit $? (60 s limit: a hang?)"
     done
     [ -x .probe/stream_pattern ] && timeout 60 .probe/stream_pattern
