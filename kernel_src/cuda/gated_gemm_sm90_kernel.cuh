@@ -416,19 +416,22 @@ static_assert(2 * FUSED_MLP_SM90_DH_REGS_MMA + 2 * FUSED_MLP_SM90_DH_REGS_EPI <=
 #ifndef FUSED_MLP_SM90_PROBE_NOMAIN
 #define FUSED_MLP_SM90_PROBE_NOMAIN 0
 #endif
-// FUSED_MLP_SM90_PROBE_NOX=1 (probe only, with FUSED_MLP_SM90_PROBE=3): the producer loads no
-// x tiles (the MMAs read whatever the stage holds), so a stage brings only the weights: how
-// much of the few-token stream's time the x tiles' L2 reads cost (NOTES, session 24).
+// FUSED_MLP_SM90_PROBE_NOX (probe only, with FUSED_MLP_SM90_PROBE=3): 1: the producer loads no
+// x tiles (the MMAs read whatever the stage holds, maybe zeros), so a stage brings only the
+// weights; 2: the same with the x tiles filled once with pseudo-random values, so that the
+// MMAs' operands stay like x's and only the traffic is missing (NOTES, session 24).
 #ifndef FUSED_MLP_SM90_PROBE_NOX
 #define FUSED_MLP_SM90_PROBE_NOX 0
 #endif
 static_assert(!FUSED_MLP_SM90_PROBE_NOX || FUSED_MLP_SM90_PROBE == 3, "PROBE_NOX computes no result: PROBE=3 only");
-// FUSED_MLP_SM90_PROBE_NOWU=1 (probe only, with FUSED_MLP_SM90_PROBE=3, the K-major gated forward):
-// as PROBE_NOX=2 for the up weight's tiles (16 KB of a stage at BN 128, as x's) instead of x's.
+// FUSED_MLP_SM90_PROBE_NOWU=1 (probe only, with FUSED_MLP_SM90_PROBE=3; K-major weights without
+// CLUSTER, elsewhere it does nothing): as PROBE_NOX=2 for the second weight tile of each stage
+// (the gated forward's Wu: 16 KB at BN 128, as x's) instead of x's.
 #ifndef FUSED_MLP_SM90_PROBE_NOWU
 #define FUSED_MLP_SM90_PROBE_NOWU 0
 #endif
 static_assert(!FUSED_MLP_SM90_PROBE_NOWU || FUSED_MLP_SM90_PROBE == 3, "PROBE_NOWU computes no result: PROBE=3 only");
+static_assert(!(FUSED_MLP_SM90_PROBE_NOWU && FUSED_MLP_SM90_PROBE_NOX), "PROBE_NOWU and PROBE_NOX: one at a time");
 // FUSED_MLP_SM90_PROBE_NOMMA=1 (probe only, with FUSED_MLP_SM90_PROBE=3): the MMA groups wait for
 // each stage and release it without issuing its MMAs: the ring's TMA stream alone.
 #ifndef FUSED_MLP_SM90_PROBE_NOMMA
@@ -1232,19 +1235,22 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  // PROBE_NOWU applies where the weight tiles are two plain K-major loads.
+  constexpr bool kNoWu = FUSED_MLP_SM90_PROBE_NOWU && !BNMajor && !kPair;
 #if FUSED_MLP_SM90_PROBE_NOX == 2 || FUSED_MLP_SM90_PROBE_NOWU
-  // PROBE_NOX=2: the x tiles the MMAs read hold pseudo-random values of x's scale, written once
-  // here (the tensor cores' energy depends on their operands: NOX=1's stale shared memory may
-  // be zeros), so that only the x loads' traffic is missing.
-  for (int i = threadIdx.x; i < kSt * kTileBytesX / 4; i += blockDim.x) {
-    const int s = i / (kTileBytesX / 4), w = i % (kTileBytesX / 4);
+  // PROBE_NOX=2 / NOWU: the tiles left unloaded hold pseudo-random values of their operand's
+  // scale, written once here (the tensor cores' energy depends on their operands: NOX=1's stale
+  // shared memory may be zeros), so that only the loads' traffic is missing.
+  constexpr int kFillWords = (kNoWu ? L::kTileBytesW : FUSED_MLP_SM90_PROBE_NOX == 2 ? kTileBytesX : 0) / 4;
+  for (int i = threadIdx.x; i < kSt * kFillWords; i += blockDim.x) {
+    const int s = i / kFillWords, w = i % kFillWords;
     uint32_t h = (uint32_t(i) + 0x9e3779b9u * (blockIdx.x + 1)) * 2654435761u;
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
     const float a = float(h & 0xffffu) * (4.0f / 65536.0f) - 2.0f, b = float(h >> 16) * (4.0f / 65536.0f) - 2.0f;
-    reinterpret_cast<uint32_t*>(smem + s * kStageBytes + (FUSED_MLP_SM90_PROBE_NOWU ? kTileBytesX + L::kTileBytesW : 0))[w] =
-        pack2<T>(FUSED_MLP_SM90_PROBE_NOWU ? 0.25f * a : a, FUSED_MLP_SM90_PROBE_NOWU ? 0.25f * b : b);
+    reinterpret_cast<uint32_t*>(smem + s * kStageBytes + (kNoWu ? kTileBytesX + L::kTileBytesW : 0))[w] =
+        pack2<T>(kNoWu ? 0.25f * a : a, kNoWu ? 0.25f * b : b);
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
@@ -1321,7 +1327,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
           if (kb % 2 == 0 && kb + 1 < ksteps) bar_wait_timed(&empty[(c + 1) % kSt], (((c + 1) / kSt) & 1) ^ 1, waited);
 #endif
           bar_expect_tx(&full[s], kStageBytes - (FUSED_MLP_SM90_PROBE_NOX ? kTileBytesX : 0) -
-                                      (FUSED_MLP_SM90_PROBE_NOWU ? L::kTileBytesW : 0));
+                                      (kNoWu ? L::kTileBytesW : 0));
           uint8_t* st = smem + s * kStageBytes;
           if (!FUSED_MLP_SM90_PROBE_NOX) tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
           if constexpr (BNMajor) {
@@ -1334,7 +1340,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
             else tma_load_multicast(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, n0, 0x3, policy);
           } else {
             tma_load(st + kTileBytesX, &map_g, &full[s], kb * kBK, n0, policy);
-            if (!FUSED_MLP_SM90_PROBE_NOWU)
+            if (!kNoWu)
               tma_load(st + kTileBytesX + L::kTileBytesW, &map_u, &full[s], kb * kBK, kFwd ? n0 : n0 + BN, policy);
           }
         }
