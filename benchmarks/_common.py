@@ -111,7 +111,9 @@ def write_report(path, rows: list, **extra) -> None:
 
 def with_env(fn: Callable[[], object], name: str, value: str) -> Callable[[], object]:
     """fn with the environment variable `name` set to `value` for the length of each call (and
-    restored after): an A/B of a switch the ops read at every call, in one process."""
+    restored after): an A/B of a switch the ops read at every call, in one process. Not
+    unittest.mock.patch.dict(os.environ, ...): it restores the whole environment after each call,
+    ~350 us of host time per call here against ~6, inside the timed calls."""
     def call():
         old = os.environ.get(name)
         os.environ[name] = value

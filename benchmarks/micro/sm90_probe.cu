@@ -129,6 +129,21 @@ static void check_value(double got, double want, double& worst, int& bad) {
   if (!(err < 0.03)) ++bad;
 }
 
+// The gated forward's g and u at (m, n) in float64 from the bf16 inputs (x [M, K], weights
+// [N, K], biases [N]), each rounded to bf16 before the activation, as the kernels (and eager) do.
+static void reference_gu(const std::vector<bf16>& x, const std::vector<bf16>& wg, const std::vector<bf16>& wu,
+                         const std::vector<bf16>& bg, const std::vector<bf16>& bu, int K, int m, int n, double& g,
+                         double& u) {
+  g = bf(bg[n]);
+  u = bf(bu[n]);
+  for (int k = 0; k < K; ++k) {
+    g += double(bf(x[size_t(m) * K + k])) * bf(wg[size_t(n) * K + k]);
+    u += double(bf(x[size_t(m) * K + k])) * bf(wu[size_t(n) * K + k]);
+  }
+  g = round_bf(g);
+  u = round_bf(u);
+}
+
 // The driver's NVML, opened at run time (no header or library needed to build): the board's
 // energy counter and the SM clock, for the sustained phase of time_us. The declarations are
 // NVML's C ABI (return 0 = success; energy in mJ since the driver loaded; clock type 1 = SM).
@@ -458,13 +473,8 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
     std::uniform_int_distribution<int> um(0, M - 1), un(0, N - 1);
     for (int i = 0; i < 512; ++i) {
       const int m = um(rng), n = un(rng);
-      double g = bf(bg[n]), u = bf(bu[n]);
-      for (int k = 0; k < K; ++k) {
-        g += double(bf(x[size_t(m) * K + k])) * bf(wg[size_t(n) * K + k]);
-        u += double(bf(x[size_t(m) * K + k])) * bf(wu[size_t(n) * K + k]);
-      }
-      g = round_bf(g);  // rounded before the activation, as the kernel (and eager) do
-      u = round_bf(u);
+      double g, u;
+      reference_gu(x, wg, wu, bg, bu, K, m, n, g, u);
       double f, d;
       act_grad(A, g, f, d);
       std::vector<std::pair<double, double>> pairs = {{bf(h[size_t(m) * N + n]), Plain ? f : f * u}};
@@ -582,13 +592,8 @@ static void run_tall(const char* label, const char* shape, int M, int K, int N, 
   std::uniform_int_distribution<int> um(0, M - 1), un(0, N - 1);
   for (int i = 0; i < 512; ++i) {
     const int m = i < 8 ? M - 1 - i % std::min(M, 4) : um(rng), n = i < 8 ? N - 1 - i / 4 : un(rng);
-    double g = bf(bg[n]), u = bf(bu[n]);
-    for (int k = 0; k < K; ++k) {
-      g += double(bf(x[size_t(m) * K + k])) * bf(wg[size_t(n) * K + k]);
-      u += double(bf(x[size_t(m) * K + k])) * bf(wu[size_t(n) * K + k]);
-    }
-    g = round_bf(g);
-    u = round_bf(u);
+    double g, u;
+    reference_gu(x, wg, wu, bg, bu, K, m, n, g, u);
     double f, d;
     act_grad(A, g, f, d);
     check_value(bf(h[size_t(m) * N + n]), f * u, worst, bad);
