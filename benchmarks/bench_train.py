@@ -34,6 +34,8 @@ timing measured Python and launches, not kernels.
                     mm + addmm_, one mm for a packed weight)
     no_subtile      the dh kernel's epilogue on whole tiles (default: two column halves)
     recompute_chunk_256mb  recompute=True with fewer, larger hidden-column chunks
+    recompute_plain_chunks recompute=True with every chunk in one buffer of the chunk budget
+                    (FUSED_MLP_RECOMPUTE_IN_GRADS=0; default: chunks in [dWg; dWu]'s later rows)
     backward=reference     our forward, PyTorch ops for the backward (what the fusion is worth)
     not_in_place    dg | du into a new buffer (what retain_graph / torch.compile get)
     packed          gated_mlp_packed on one [2H, D] weight (dx and [dWg; dWu] in one GEMM each)
@@ -447,6 +449,7 @@ def run_variants(c: Case, t: dict, fm, bench, fwds, ref) -> dict:
         "no_subtile": (fwds["ours"], {"FUSED_MLP_BWD_SUBTILE": "0"}, False),
         "not_in_place": (fwds["ours"], {}, True),
         "recompute_chunk_256mb": (fwds["ours_recompute"], {"FUSED_MLP_RECOMPUTE_CHUNK_MB": "256"}, False),
+        "recompute_plain_chunks": (fwds["ours_recompute"], {"FUSED_MLP_RECOMPUTE_IN_GRADS": "0"}, False),
         "backward=reference": (fwds["ours"], {"FUSED_MLP_BACKWARD": "reference"}, False),
     }
     packed_ps = None

@@ -13,8 +13,11 @@
 //          bytes of each row requested together); both give the wgmma layout in shared memory
 //   3d     one 3-D box per map and stage (rows x KB blocks x 64; row-consecutive requests, but
 //          a layout the MMAs cannot read: a diagnostic of the DRAM side only)
+//   tiled  the same bytes read as if the weights were stored pre-tiled (each stage's box one
+//          contiguous 14 KB block: what a packed weight layout would stream like)
 //
-// and a plain-load reader of the same bytes (16-byte loads, grid-stride: the ceiling).
+// and plain-load readers of the same bytes (16-byte loads, grid-stride: the ceiling; and in the
+// kernel's tile pattern, into registers or by cp.async into a shared-memory ring).
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o .probe/tma_stream benchmarks/micro/tma_stream.cu
 //   .probe/tma_stream
 // Each configuration: 3 warm-up runs, then 20 of [flush L2 (256 MB memset); event; kernel;
@@ -47,21 +50,27 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode() {
 
 // 2-D: boxes of br rows x 64 columns, 128-byte swizzle. 3-D: the columns as (64, kKB) and boxes of
 // br rows x kb blocks x 64.
-static CUtensorMap weight_map(void* base, int br, int kb3d) {
+static CUtensorMap weight_map(void* base, int br, int kb3d, CUtensorMapL2promotion promo) {
   CUtensorMap m;
   CUresult r;
-  if (kb3d == 0) {
+  if (kb3d < 0) {  // the same bytes as [kN kKB, 64]: a tiled layout where each box is contiguous
+    const cuuint64_t dims[2] = {64, cuuint64_t(kN) * kKB};
+    const cuuint64_t strides[1] = {128};
+    const cuuint32_t box[2] = {64, cuuint32_t(br)}, elem[2] = {1, 1};
+    r = encode()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                 CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  } else if (kb3d == 0) {
     const cuuint64_t dims[2] = {kK, kN};
     const cuuint64_t strides[1] = {cuuint64_t(kK) * 2};
     const cuuint32_t box[2] = {64, cuuint32_t(br)}, elem[2] = {1, 1};
     r = encode()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                 CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   } else {
     const cuuint64_t dims[3] = {64, kKB, kN};
     const cuuint64_t strides[2] = {128, cuuint64_t(kK) * 2};
     const cuuint32_t box[3] = {64, cuuint32_t(kb3d), cuuint32_t(br)}, elem[3] = {1, 1, 1};
     r = encode()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                 CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   }
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuTensorMapEncodeTiled failed (%d) br %d kb3d %d\n", int(r), br, kb3d);
@@ -110,7 +119,8 @@ struct Cfg {
   int kb;     // 64-column blocks per stage
   int stages;
   int order;  // 0: block outer, 1: row group outer
-  int d3;     // 1: one 3-D box per map and stage
+  int d3;     // > 0: one 3-D box per map and stage; -1: the weights pre-tiled (below)
+  int promo = 256;  // the maps' L2 promotion (host side): 0, 128 or 256 bytes
 };
 
 // Warp 0 lane 0: producer. Warp 1 lane 0: consumer (waits for a stage, adds one word of each
@@ -140,7 +150,10 @@ __global__ void __launch_bounds__(64) tma_stream_kernel(const __grid_constant__ 
       uint8_t* g = smem + size_t(s) * stage_bytes;
       uint8_t* u = g + half;
       const int k0 = i * c.kb;
-      if (c.d3) {
+      if (c.d3 < 0) {  // tile t's block k0 is rows (t kKB + k0) rb .. + rb of the [kN kKB, 64] view
+        load2d(g, &mg, &full[s], 0, (blockIdx.x * kKB + k0) * c.rb);
+        load2d(u, &mu, &full[s], 0, (blockIdx.x * kKB + k0) * c.rb);
+      } else if (c.d3) {
         load3d(g, &mg, &full[s], 0, k0, row0);
         load3d(u, &mu, &full[s], 0, k0, row0);
       } else if (c.order == 0) {
@@ -196,6 +209,72 @@ __global__ void __launch_bounds__(512) ld_stream_kernel(const uint4* __restrict_
   if (acc == 0x12345678u) atomicAdd(sink, 1ull);  // keeps the loads
 }
 
+// The same tile pattern with plain loads (is it TMA or the pattern?): CTA t owns rows
+// [t 112, t 112 + 112) of each weight; per step of KB 64-column blocks its 256 threads read
+// 224 rows x KB x 128 bytes in 16-byte pieces (piece c: row c / (8 KB), the row's pieces
+// consecutive), D steps issued before any is used.
+template <int KB, int D>
+__global__ void __launch_bounds__(256) ld_tile_kernel(const uint4* __restrict__ g, const uint4* __restrict__ u,
+                                                      unsigned long long* sink) {
+  constexpr int kRows = 112, kPer = 2 * kRows * 8 * KB / 256;  // pieces per thread and step
+  constexpr int64_t kRowPieces = kK / 8;
+  uint32_t acc = 0;
+  const int64_t row0 = int64_t(blockIdx.x) * kRows;
+  for (int i = 0; i < kKB / KB; i += D) {
+    uint4 v[D][kPer];
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+#pragma unroll
+      for (int q = 0; q < kPer; ++q) {
+        const int c = threadIdx.x + 256 * q, row = c / (8 * KB), piece = c % (8 * KB);
+        const uint4* base = row < kRows ? g : u;
+        const uint4* a = base + (row0 + row % kRows) * kRowPieces + int64_t(i + d) * KB * 8 + piece;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v[d][q].x), "=r"(v[d][q].y), "=r"(v[d][q].z), "=r"(v[d][q].w)
+                     : "l"(a));
+      }
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+#pragma unroll
+      for (int q = 0; q < kPer; ++q)  // volatile, so that no use moves up between the loads
+        asm volatile("xor.b32 %0, %0, %1;\n\txor.b32 %0, %0, %2;" : "+r"(acc) : "r"(v[d][q].x), "r"(v[d][q].w));
+  }
+  if (acc == 0x12345678u) atomicAdd(sink, 1ull);
+}
+
+// The tile pattern with cp.async (16 bytes, L2 only) into a ring of S stages of 28 KB: what a
+// multi-warp producer of the gated kernel could use instead of TMA.
+template <int S>
+__global__ void __launch_bounds__(256) cpasync_tile_kernel(const uint4* __restrict__ g, const uint4* __restrict__ u,
+                                                           unsigned long long* sink) {
+  constexpr int kRows = 112, kPer = 2 * kRows * 8 / 256;
+  constexpr int64_t kRowPieces = kK / 8;
+  extern __shared__ __align__(1024) uint4 ring[];
+  const int64_t row0 = int64_t(blockIdx.x) * kRows;
+  uint32_t acc = 0;
+  auto issue = [&](int i) {
+    uint4* st = ring + (i % S) * (2 * kRows * 8);
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      const int c = threadIdx.x + 256 * q, row = c / 8, piece = c % 8;
+      const uint4* base = row < kRows ? g : u;
+      const uint4* a = base + (row0 + row % kRows) * kRowPieces + int64_t(i) * 8 + piece;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(st + c)), "l"(a) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  for (int i = 0; i < S - 1; ++i) issue(i);
+  for (int i = 0; i < kKB; ++i) {
+    if (i + S - 1 < kKB) issue(i + S - 1);
+    else asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory");
+    __syncthreads();
+    acc ^= ring[(i % S) * (2 * kRows * 8) + threadIdx.x].x;
+    __syncthreads();
+  }
+  if (acc == 0x12345678u) atomicAdd(sink, 1ull);
+}
+
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -248,10 +327,28 @@ int main() {
       time_it([&] { ld_stream_kernel<<<blocks, 512>>>((const uint4*)wg, (const uint4*)wu, n, sink); },
               (std::string("ld grid-stride ") + std::to_string(blocks) + "x512").c_str(), 2.0 * wbytes);
   }
+  {
+    const uint4 *g = (const uint4*)wg, *u = (const uint4*)wu;
+    const int grid = kN / 112;
+    time_it([&] { ld_tile_kernel<1, 2><<<grid, 256>>>(g, u, sink); }, "ld tile kb1 D2", 2.0 * wbytes);
+    time_it([&] { ld_tile_kernel<1, 4><<<grid, 256>>>(g, u, sink); }, "ld tile kb1 D4", 2.0 * wbytes);
+    time_it([&] { ld_tile_kernel<1, 8><<<grid, 256>>>(g, u, sink); }, "ld tile kb1 D8", 2.0 * wbytes);
+    time_it([&] { ld_tile_kernel<4, 2><<<grid, 256>>>(g, u, sink); }, "ld tile kb4 D2", 2.0 * wbytes);
+    auto cp = [&](auto kern, int stages, const char* name) {
+      const int smem = stages * 2 * 112 * 128;
+      CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      time_it([&] { kern<<<grid, 256, smem>>>(g, u, sink); }, name, 2.0 * wbytes);
+    };
+    cp(cpasync_tile_kernel<4>, 4, "cp.async tile s4");
+    cp(cpasync_tile_kernel<7>, 7, "cp.async tile s7");
+  }
 
   std::vector<std::pair<std::string, Cfg>> cfgs = {
       {"kernel: rb112 br112 kb1 s6 (~ ring 168KB)", {112, 112, 1, 6, 0, 0}},
       {"rb112 br112 kb1 s4", {112, 112, 1, 4, 0, 0}},
+      {"rb112 br112 kb1 s4 promotion none", {112, 112, 1, 4, 0, 0, 0}},
+      {"rb112 br112 kb1 s4 promotion 128", {112, 112, 1, 4, 0, 0, 128}},
+      {"rb112 br112 kb2 s3 promotion none", {112, 112, 2, 3, 0, 0, 0}},
       {"rb112 br112 kb1 s7", {112, 112, 1, 7, 0, 0}},
       {"rb112 br112 kb2 s3", {112, 112, 2, 3, 0, 0}},
       {"rb112 br112 kb4 s1", {112, 112, 4, 1, 0, 0}},
@@ -267,11 +364,17 @@ int main() {
       {"rb56 br56 kb1 s3 (256 CTAs, 2/SM)", {56, 56, 1, 3, 0, 0}},
       {"rb56 br8 kb2 s3 row-outer (256 CTAs)", {56, 8, 2, 3, 1, 0}},
       {"rb128 br128 kb1 s5 (112 CTAs)", {128, 128, 1, 5, 0, 0}},
+      {"pre-tiled rb112 kb1 s4 (each box contiguous)", {112, 112, 1, 4, 0, -1}},
+      {"pre-tiled rb112 kb1 s6 (each box contiguous)", {112, 112, 1, 6, 0, -1}},
   };
   for (auto& nc : cfgs) {
     const std::string& name = nc.first;
     const Cfg c = nc.second;
-    const CUtensorMap mg = weight_map(wg, c.d3 ? c.rb : c.br, c.d3), mu = weight_map(wu, c.d3 ? c.rb : c.br, c.d3);
+    const CUtensorMapL2promotion promo = c.promo == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                         : c.promo == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                          : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    const CUtensorMap mg = weight_map(wg, c.d3 != 0 ? c.rb : c.br, c.d3, promo),
+                      mu = weight_map(wu, c.d3 != 0 ? c.rb : c.br, c.d3, promo);
     const size_t smem = size_t(c.stages) * 2 * c.kb * c.rb * 128 + 16 * c.stages + 64;
     CK(cudaFuncSetAttribute(tma_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int grid = kN / c.rb;
@@ -286,7 +389,7 @@ int main() {
       for (int i = 0; i < kKB / c.kb; ++i) {
         // the first 4 bytes of a stage: row t*rb, columns (i kb) 64 .. +1 (swizzle leaves row 0's
         // first 16 bytes in place; the 3-D box's first bytes are the same row and block)
-        const size_t e = size_t(t) * c.rb * kK + size_t(i) * c.kb * 64;
+        const size_t e = c.d3 < 0 ? (size_t(t) * kKB + i) * c.rb * 64 : size_t(t) * c.rb * kK + size_t(i) * c.kb * 64;
         want += (uint32_t(hg[e]) | (uint32_t(hg[e + 1]) << 16)) + (uint32_t(hu[e]) | (uint32_t(hu[e + 1]) << 16));
       }
     std::printf("%s check %s\n", name.c_str(), got == want ? "ok" : "WRONG");

@@ -22,7 +22,11 @@ Gated MLP, x [M, D], g = x Wg^T + bg, u = x Wu^T + bu, h = act(g) * u, y = h Wd^
                        (at most FUSED_MLP_RECOMPUTE_CHUNK_MB of g | u | h at a time, 64 by
                        default), each chunk's gradients written in place over its g | u.
                        Weight gradients of a chunk are complete column / row blocks; dx
-                       accumulates over chunks (addmm_, in x's dtype).
+                       accumulates over chunks (addmm_, in x's dtype). Gated MLP with
+                       [dWg; dWu] requested: where it can, a chunk's g | u | h lives in
+                       the rows of [dWg; dWu] that later chunks will write (recompute_plan),
+                       so that only the last, small chunk takes memory of its own
+                       (FUSED_MLP_RECOMPUTE_IN_GRADS=0: every chunk in the budget's buffer).
 
 Plain MLP (pre = x W1^T + b1, h = act(pre)): the same with pre instead of g | u,
 dpre = dh * act'(pre), dx = dpre W1; Conv1D weights ([in, out]) are read through strides
@@ -77,6 +81,57 @@ def chunk_columns(m: int, hidden: int, bytes_per_column_row: int, budget: Option
 
 def _chunks(hidden: int, cols: int) -> list[tuple[int, int]]:
     return [(i, min(i + cols, hidden)) for i in range(0, hidden, cols)] or [(0, 0)]
+
+
+def recompute_in_grads() -> bool:
+    """FUSED_MLP_RECOMPUTE_IN_GRADS=0 turns off recompute_plan's chunks in the weight
+    gradients' rows (every chunk in one buffer of the budget, the form before session 25)."""
+    return os.environ.get("FUSED_MLP_RECOMPUTE_IN_GRADS", "1") != "0"
+
+
+# recompute_plan: at most this many chunks (each is ~7 launches), and the last chunk's own
+# buffer at most this fraction of the chunk budget.
+MAX_PLAN_CHUNKS = 16
+TAIL_BUDGET_DIVISOR = 16
+
+
+def in_grads_columns(m: int, rest: int, d: int) -> int:
+    """Hidden columns n of the next recompute chunk whose g | u [m, 2n] fits in the dWu rows
+    that the chunks after it will write ((rest - n) rows of d) and whose h [m, n] fits in the
+    dWg rows likewise: n <= rest d / (2 m + d), a multiple of 8 (16-byte aligned slices)."""
+    return (rest * d // (2 * m + d)) // 8 * 8
+
+
+def recompute_plan(m: int, hidden: int, d: int, elem: int, budget: Optional[int] = None,
+                   grads_free: bool = True) -> tuple[list[tuple[int, int, bool]], int]:
+    """The gated backward's recompute chunks: ([(h0, h1, in_grads)], columns of the buffer
+    the chunks with in_grads False share).
+
+    The plain plan cuts the hidden columns into equal chunks whose g | u | h fit the budget
+    (chunk_columns), all in one buffer. With grads_free (the caller writes [dWg; dWu] [2H, d],
+    whose rows for hidden columns >= h1 are not written until their own chunk), chunk
+    [h0, h1) can hold its g | u and h in those rows instead (in_grads_columns), until the
+    columns left fit a buffer of budget / TAIL_BUDGET_DIVISOR; the chunks shrink as the free
+    rows do. This plan is taken where it needs at most MAX_PLAN_CHUNKS chunks (large d
+    against m: SwiGLU M 4096, d 4096 takes 13), else the plain one."""
+    budget = recompute_chunk_bytes() if budget is None else budget
+    cols = chunk_columns(m, hidden, 3 * elem, budget)
+    plain = [(h0, h1, False) for h0, h1 in _chunks(hidden, cols)]
+    if not grads_free or cols >= hidden:
+        return plain, cols
+    tail = budget // TAIL_BUDGET_DIVISOR
+    plan: list[tuple[int, int, bool]] = []
+    h0 = 0
+    while h0 < hidden and len(plan) < MAX_PLAN_CHUNKS:
+        rest = hidden - h0
+        if m * 3 * rest * elem <= tail:
+            return plan + [(h0, hidden, False)], rest
+        n = in_grads_columns(m, rest, d)
+        if n < 8:
+            break
+        plan.append((h0, h0 + n, True))
+        h0 += n
+    return plain, cols
 
 
 def as_one_weight(a: Tensor, b: Tensor) -> Optional[Tensor]:
@@ -184,16 +239,25 @@ def gated_backward(tg, dy: Tensor, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor
         dx.zero_()
 
     saved = gu is not None
-    cols = hidden if saved else chunk_columns(m, hidden, 3 * x.element_size(), chunk_budget)
-    chunks = _chunks(hidden, cols)
-    buf = None if saved else torch.empty((m, 3 * cols), **new)  # g | u | h of one chunk
-    for h0, h1 in chunks:
+    if saved:
+        chunks, cols = [(0, hidden, False)], hidden
+    else:
+        # (rows of dWgu 16-byte aligned, as the kernels' row pointers must be)
+        grads_free = dwgu is not None and (d * x.element_size()) % 16 == 0 and recompute_in_grads()
+        chunks, cols = recompute_plan(m, hidden, d, x.element_size(), chunk_budget, grads_free)
+    # g | u | h of the chunks that do not live in [dWg; dWu]
+    buf = None if saved else torch.empty((m, 3 * cols), **new)
+    for h0, h1, in_grads in chunks:
         n = h1 - h0
         if saved:
             gu_c, h_c = gu, h
             dgu_c = gu if inplace else torch.empty_like(gu)
         else:
-            gu_c, h_c = buf[:, : 2 * n], buf[:, 2 * n: 3 * n]
+            if in_grads:  # in the dWu rows of the columns after h1, and h in their dWg rows
+                gu_c = dwgu[hidden + h1:].view(-1)[: m * 2 * n].view(m, 2 * n)
+                h_c = dwgu[h1:hidden].view(-1)[: m * n].view(m, n)
+            else:
+                gu_c, h_c = buf[:, : 2 * n], buf[:, 2 * n: 3 * n]
             tg.gated_linear(x, wg[h0:h1], wu[h0:h1], None if bg is None else bg[h0:h1],
                             None if bu is None else bu[h0:h1], activation_id, pre=gu_c, out=h_c)
             dgu_c = gu_c
