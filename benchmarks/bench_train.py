@@ -33,6 +33,7 @@ timing measured Python and launches, not kernels.
     dx=triton       dx = dg Wg + du Wu by the dual-operand Triton kernel (default: cuBLAS
                     mm + addmm_, one mm for a packed weight)
     no_subtile      the dh kernel's epilogue on whole tiles (default: two column halves)
+    recompute       recompute=True as the op runs it (next to its alternatives, same loop)
     recompute_chunk_256mb  recompute=True with fewer, larger hidden-column chunks
     recompute_plain_chunks recompute=True with every chunk in one buffer of the chunk budget
                     (FUSED_MLP_RECOMPUTE_IN_GRADS=0; default: chunks in [dWg; dWu]'s later rows)
@@ -449,6 +450,7 @@ def run_variants(c: Case, t: dict, fm, bench, fwds, ref) -> dict:
         "no_subtile": (fwds["ours"], {"FUSED_MLP_BWD_SUBTILE": "0"}, False),
         "not_in_place": (fwds["ours"], {}, True),
         "recompute_chunk_256mb": (fwds["ours_recompute"], {"FUSED_MLP_RECOMPUTE_CHUNK_MB": "256"}, False),
+        "recompute": (fwds["ours_recompute"], {}, False),
         "recompute_plain_chunks": (fwds["ours_recompute"], {"FUSED_MLP_RECOMPUTE_IN_GRADS": "0"}, False),
         "backward=reference": (fwds["ours"], {"FUSED_MLP_BACKWARD": "reference"}, False),
     }
