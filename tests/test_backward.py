@@ -294,21 +294,28 @@ def test_chunk_columns(fused_mlp):
 
 def test_recompute_plan(fused_mlp):
     """SwiGLU M 4096, d 4096, H 14336 in bf16 with the default 64 MB budget: the chunks hold
-    g | u | h in the [dWg; dWu] rows of later chunks (each fits them), cover the hidden
-    columns in order, and only the last has a buffer of its own, at most 4 MB (was 60 MB: the
-    recompute step's peak above its gradients). d 768 (GeGLU M 8192) would need too many
-    chunks and no weight gradient leaves no room: both take the equal chunks of the budget."""
+    g | u in the [dWg; dWu] rows of later chunks (each half of the token rows fits its half
+    of them; h in the chunk's own dWg rows: h_own), cover the hidden columns in order, and
+    only the last has a buffer of its own, at most 4 MB (was 60 MB: the recompute step's
+    peak above its gradients). Without h_own each half also holds its h. d 768 (GeGLU
+    M 8192) would need too many chunks and no weight gradient leaves no room: both take the
+    equal chunks of the budget."""
     tb = module(fused_mlp, "triton_backward")
     m, d, hidden, budget = 4096, 4096, 14336, 64 * 2**20
-    plan, cols = tb.recompute_plan(m, hidden, d, 2, budget)
-    assert 2 < len(plan) <= tb.MAX_PLAN_CHUNKS
-    assert [c[0] for c in plan] == [0] + [c[1] for c in plan[:-1]] and plan[-1][1] == hidden
-    assert all(c[2] for c in plan[:-1]) and not plan[-1][2] and cols == hidden - plan[-1][0]
-    for h0, h1, _ in plan[:-1]:
-        n = h1 - h0
-        assert n % 8 == 0 and n >= 8 and 2 * m * n <= (hidden - h1) * d
-    assert m * 3 * cols * 2 <= budget // tb.TAIL_BUDGET_DIVISOR
-    assert plan[0][1] - plan[0][0] > tb.chunk_columns(m, hidden, 6, budget)  # larger first chunk
+    half = (m + 1) // 2
+    for h_own, per_col in ((True, 2), (False, 3)):
+        plan, cols = tb.recompute_plan(m, hidden, d, 2, budget, h_own=h_own)
+        assert 2 < len(plan) <= tb.MAX_PLAN_CHUNKS
+        assert [c[0] for c in plan] == [0] + [c[1] for c in plan[:-1]] and plan[-1][1] == hidden
+        assert all(c[2] for c in plan[:-1]) and not plan[-1][2] and cols == hidden - plan[-1][0]
+        for h0, h1, _ in plan[:-1]:
+            n = h1 - h0
+            assert n % 8 == 0 and n >= 8 and per_col * half * n <= (hidden - h1) * d
+        assert m * per_col * cols * 2 <= budget // tb.TAIL_BUDGET_DIVISOR
+        assert plan[0][1] - plan[0][0] > 2 * tb.chunk_columns(m, hidden, 6, budget)  # larger first chunk
+    # h_own at M = d: each chunk takes half the columns left
+    assert [b - a for a, b, _ in tb.recompute_plan(m, hidden, d, 2, budget, h_own=True)[0]] == \
+        [7168, 3584, 1792, 896, 448, 224, 224]
     plain = [(a, b, False) for a, b in tb._chunks(3072, tb.chunk_columns(8192, 3072, 6, budget))]
     assert tb.recompute_plan(8192, 3072, 768, 2, budget) == (plain, plain[0][1])
     plain = [(a, b, False) for a, b in tb._chunks(hidden, tb.chunk_columns(m, hidden, 6, budget))]
@@ -487,17 +494,23 @@ def test_interpret_recompute_in_chunks(interpret, monkeypatch, dx_mode):
                     ref_grads_plain(interpret, p, "quick_gelu", layout), TOL[torch.float32], f"mlp {layout} chunks")
 
 
-def test_interpret_recompute_in_weight_grads(interpret, monkeypatch):
-    """recompute_plan's chunks with g | u | h in the rows of [dWg; dWu] that later chunks
-    write (336, 112, 40 columns of 512), then the last 24 in a buffer of their own: every
-    gradient right, gated and packed, with and without biases."""
-    budget = 80 * 1024  # bytes: M 16 x 512 x 12 is 96 KB, the tail's 4.6 KB fits budget / 16
-    monkeypatch.setenv("FUSED_MLP_RECOMPUTE_CHUNK_MB", str(budget / 2**20))
+@pytest.mark.parametrize("m, d, h_own", [(16, 64, True), (45, 40, False)])
+def test_interpret_recompute_in_weight_grads(interpret, monkeypatch, m, d, h_own):
+    """recompute_plan's chunks with g | u in the rows of [dWg; dWu] that later chunks write
+    (the token rows in two halves, 45 an odd count) and h in the chunk's own dWg rows (M <=
+    d) or after each half's g | u (M > d), then the last columns in a buffer of their own:
+    every gradient right, gated and packed, with and without biases."""
     tb = module(interpret, "triton_backward")
-    plan, cols = tb.recompute_plan(16, 512, 64, 4)
-    assert [(b - a, g) for a, b, g in plan] == [(336, True), (112, True), (40, True), (24, False)] and cols == 24
+    if h_own:  # M 16 x 512 x 12 bytes is 96 KB; the tail's 1.5 KB fits budget / 16
+        budget, hidden, want = 80 * 1024, 512, [(408, True), (80, True), (24, False)]
+    else:  # fewer, larger chunks than budget / 16 would give (interpreter time)
+        budget, hidden, want = 128 * 1024, 256, [(88, True), (56, True), (40, True), (24, True), (48, False)]
+        monkeypatch.setattr(tb, "TAIL_BUDGET_DIVISOR", 4)
+    monkeypatch.setenv("FUSED_MLP_RECOMPUTE_CHUNK_MB", str(budget / 2**20))
+    plan, cols = tb.recompute_plan(m, hidden, d, 4, h_own=h_own)
+    assert [(b - a, g) for a, b, g in plan] == want and cols == want[-1][0]
     for bias in (True, False):
-        t = make_gated(16, 64, 512, 40, torch.float32, "cpu", bias, seed=8)
+        t = make_gated(m, d, hidden, 24, torch.float32, "cpu", bias, seed=8)
         ref = ref_grads_gated(interpret, t, "silu")
         check_grads(grads_gated(interpret, t, "silu", True), ref, TOL[torch.float32], f"gated in grads {bias}")
         check_grads(grads_packed(interpret, t, "silu", True), ref, TOL[torch.float32], f"packed in grads {bias}")
@@ -863,15 +876,17 @@ def test_gpu_dx_modes_and_chunks(gpu, monkeypatch, dx_mode):
 
 
 @pytest.mark.gpu
-def test_gpu_recompute_in_weight_grads(gpu, monkeypatch):
-    """bf16 on the GPU kernels: recompute chunks whose g | u | h live in [dWg; dWu]'s later
-    rows (2728, 912, 304, 96, 32 of 4096 columns, then 24 in their own buffer), against the
-    plain chunks and float32 eager."""
+@pytest.mark.parametrize("m, d, h_own", [(256, 1024, True), (333, 256, False)])
+def test_gpu_recompute_in_weight_grads(gpu, monkeypatch, m, d, h_own):
+    """bf16 on the GPU kernels: recompute chunks whose g | u live in [dWg; dWu]'s later
+    rows (two halves of the token rows; 333 an odd count) and h in the chunk's own dWg rows
+    (M <= d) or after each half's g | u, then the last columns in their own buffer, against
+    the plain chunks and float32 eager."""
     monkeypatch.setenv("FUSED_MLP_RECOMPUTE_CHUNK_MB", "1")
     tb = module(gpu, "triton_backward")
-    plan, _ = tb.recompute_plan(256, 4096, 1024, 2)
-    assert sum(g for _, _, g in plan) == 5 and not plan[-1][2]
-    t = make_gated(256, 1024, 4096, 512, torch.bfloat16, "cuda", True, seed=9)
+    plan, _ = tb.recompute_plan(m, 4096, d, 2, h_own=h_own)
+    assert sum(g for _, _, g in plan) >= 3 and not plan[-1][2]
+    t = make_gated(m, d, 4096, 512, torch.bfloat16, "cuda", True, seed=9)
     ref = ref_grads_gated(gpu, t, "silu")
     got = grads_gated(gpu, t, "silu", True)
     check_grads(got, ref, TOL[torch.bfloat16], "gated in grads")

@@ -24,8 +24,11 @@ Gated MLP, x [M, D], g = x Wg^T + bg, u = x Wu^T + bu, h = act(g) * u, y = h Wd^
                        Weight gradients of a chunk are complete column / row blocks; dx
                        accumulates over chunks (addmm_, in x's dtype). Gated MLP with
                        [dWg; dWu] requested: where it can, a chunk's g | u | h lives in
-                       the rows of [dWg; dWu] that later chunks will write (recompute_plan),
-                       so that only the last, small chunk takes memory of its own
+                       the gradient rows (and dWd columns) that later chunks will write
+                       (recompute_plan): the chunk's token rows in two halves, one half's
+                       g | u in the free dWg rows, the other's in the free dWu rows, h in
+                       dWd's free columns (or after each half's g | u), so that only the
+                       last, small chunk takes memory of its own
                        (FUSED_MLP_RECOMPUTE_IN_GRADS=0: every chunk in the budget's buffer).
 
 Plain MLP (pre = x W1^T + b1, h = act(pre)): the same with pre instead of g | u,
@@ -95,25 +98,31 @@ MAX_PLAN_CHUNKS = 16
 TAIL_BUDGET_DIVISOR = 16
 
 
-def in_grads_columns(m: int, rest: int, d: int) -> int:
-    """Hidden columns n of the next recompute chunk whose g | u [m, 2n] fits in the dWu rows
-    that the chunks after it will write ((rest - n) rows of d) and whose h [m, n] fits in the
-    dWg rows likewise: n <= rest d / (2 m + d), a multiple of 8 (16-byte aligned slices)."""
-    return (rest * d // (2 * m + d)) // 8 * 8
+def in_grads_columns(m: int, rest: int, d: int, h_own: bool) -> int:
+    """Hidden columns n of the next recompute chunk that fit the [dWg; dWu] rows the chunks
+    after it will write. The chunk's m token rows are cut in two halves: the first half's
+    g | u [m1, 2n] goes into the dWg rows of the columns after the chunk, the second's into
+    their dWu rows ((rest - n) rows of d elements each). h [m, n] goes into the chunk's own
+    dWg rows when h_own (they are written after dWd = dy^T h, its last reader; the caller
+    checks m <= d), else each half's h after its g | u. n: a multiple of 8 (16-byte aligned
+    slices)."""
+    half = (m + 1) // 2
+    return (rest * d // ((2 if h_own else 3) * half + d)) // 8 * 8
 
 
 def recompute_plan(m: int, hidden: int, d: int, elem: int, budget: Optional[int] = None,
-                   grads_free: bool = True) -> tuple[list[tuple[int, int, bool]], int]:
+                   grads_free: bool = True, h_own: bool = False) -> tuple[list[tuple[int, int, bool]], int]:
     """The gated backward's recompute chunks: ([(h0, h1, in_grads)], columns of the buffer
     the chunks with in_grads False share).
 
     The plain plan cuts the hidden columns into equal chunks whose g | u | h fit the budget
     (chunk_columns), all in one buffer. With grads_free (the caller writes [dWg; dWu] [2H, d],
     whose rows for hidden columns >= h1 are not written until their own chunk), chunk
-    [h0, h1) can hold its g | u and h in those rows instead (in_grads_columns), until the
-    columns left fit a buffer of budget / TAIL_BUDGET_DIVISOR; the chunks shrink as the free
-    rows do. This plan is taken where it needs at most MAX_PLAN_CHUNKS chunks (large d
-    against m: SwiGLU M 4096, d 4096 takes 13), else the plain one."""
+    [h0, h1) can hold its g | u and h in those rows instead (in_grads_columns; h_own: h in
+    the chunk's own dWg rows), until the columns left fit a buffer of budget /
+    TAIL_BUDGET_DIVISOR (g | u only with h_own); the chunks shrink as the free rows do. This
+    plan is taken where it needs at most MAX_PLAN_CHUNKS chunks (large d against m: SwiGLU
+    M 4096, d 4096 takes 7, halving), else the plain one (h never in the gradients)."""
     budget = recompute_chunk_bytes() if budget is None else budget
     cols = chunk_columns(m, hidden, 3 * elem, budget)
     plain = [(h0, h1, False) for h0, h1 in _chunks(hidden, cols)]
@@ -124,14 +133,30 @@ def recompute_plan(m: int, hidden: int, d: int, elem: int, budget: Optional[int]
     h0 = 0
     while h0 < hidden and len(plan) < MAX_PLAN_CHUNKS:
         rest = hidden - h0
-        if m * 3 * rest * elem <= tail:
+        if m * (2 if h_own else 3) * rest * elem <= tail:
             return plan + [(h0, hidden, False)], rest
-        n = in_grads_columns(m, rest, d)
+        n = in_grads_columns(m, rest, d, h_own)
         if n < 8:
             break
         plan.append((h0, h0 + n, True))
         h0 += n
     return plain, cols
+
+
+def in_grads_parts(dwgu: Tensor, hidden: int, h1: int, m: int, n: int,
+                   h_all: Optional[Tensor]) -> list[tuple[int, int, Tensor, Tensor]]:
+    """Where an in_grads chunk [h1 - n, h1) keeps its g | u and h (in_grads_columns): the
+    [(r0, r1, g | u [r1 - r0, 2n], h [r1 - r0, n])] of the two halves of the token rows.
+    h_all: the chunk's h [m, n] in its own dWg rows, or None (h after each half's g | u)."""
+    half = (m + 1) // 2
+    parts = []
+    for r0, r1, region in ((0, half, dwgu[h1:hidden]), (half, m, dwgu[hidden + h1:])):
+        flat = region.view(-1)
+        rows = r1 - r0
+        gu_k = flat[: rows * 2 * n].view(rows, 2 * n)
+        h_k = flat[rows * 2 * n: rows * 3 * n].view(rows, n) if h_all is None else h_all[r0:r1]
+        parts.append((r0, r1, gu_k, h_k))
+    return parts
 
 
 def as_one_weight(a: Tensor, b: Tensor) -> Optional[Tensor]:
@@ -239,45 +264,69 @@ def gated_backward(tg, dy: Tensor, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor
         dx.zero_()
 
     saved = gu is not None
+    h_own = False
     if saved:
         chunks, cols = [(0, hidden, False)], hidden
     else:
         # (rows of dWgu 16-byte aligned, as the kernels' row pointers must be)
         grads_free = dwgu is not None and (d * x.element_size()) % 16 == 0 and recompute_in_grads()
-        chunks, cols = recompute_plan(m, hidden, d, x.element_size(), chunk_budget, grads_free)
-    # g | u | h of the chunks that do not live in [dWg; dWu]
-    buf = None if saved else torch.empty((m, 3 * cols), **new)
+        chunks, cols = recompute_plan(m, hidden, d, x.element_size(), chunk_budget, grads_free, m <= d)
+        h_own = m <= d and any(c[2] for c in chunks)
+    # g | u (and h, unless h_own) of the chunks that do not live in the gradients
+    buf = None if saved else torch.empty((m, (2 if h_own else 3) * cols), **new)
     for h0, h1, in_grads in chunks:
         n = h1 - h0
+        # parts: (r0, r1, g | u, h) over token rows [r0, r1); h_all: the chunk's whole h
+        # where it is one tensor; dgus: where each part's dg | du go
         if saved:
-            gu_c, h_c = gu, h
-            dgu_c = gu if inplace else torch.empty_like(gu)
+            parts, h_all = [(0, m, gu, h)], h
+            dgus = [gu if inplace else torch.empty_like(gu)]
         else:
-            if in_grads:  # in the dWu rows of the columns after h1, and h in their dWg rows
-                gu_c = dwgu[hidden + h1:].view(-1)[: m * 2 * n].view(m, 2 * n)
-                h_c = dwgu[h1:hidden].view(-1)[: m * n].view(m, n)
+            # h_own: h in the chunk's own dWg rows (its last reader, dWd's GEMM, runs before
+            # they are written)
+            h_all = dwgu[h0:h1].view(-1)[: m * n].view(m, n) if h_own else None
+            if in_grads:
+                parts = in_grads_parts(dwgu, hidden, h1, m, n, h_all)
             else:
-                gu_c, h_c = buf[:, : 2 * n], buf[:, 2 * n: 3 * n]
-            tg.gated_linear(x, wg[h0:h1], wu[h0:h1], None if bg is None else bg[h0:h1],
-                            None if bu is None else bu[h0:h1], activation_id, pre=gu_c, out=h_c)
-            dgu_c = gu_c
-        tg.linear_dact(dy, wd[:, h0:h1], True, gu_c, dgu_c, activation_id, gated=True)
+                parts = [(0, m, buf[:, : 2 * n], h_all if h_own else buf[:, 2 * n: 3 * n])]
+                h_all = parts[0][3]
+            for r0, r1, gu_k, h_k in parts:
+                tg.gated_linear(x[r0:r1], wg[h0:h1], wu[h0:h1], None if bg is None else bg[h0:h1],
+                                None if bu is None else bu[h0:h1], activation_id, pre=gu_k, out=h_k)
+            dgus = [gu_k for _, _, gu_k, _ in parts]
+        for (r0, r1, gu_k, _), dgu_k in zip(parts, dgus):
+            tg.linear_dact(dy[r0:r1], wd[:, h0:h1], True, gu_k, dgu_k, activation_id, gated=True)
         if dwd is not None:
-            torch.mm(dy.t(), h_c, out=dwd[:, h0:h1])
-        if dwgu is not None:
-            if len(chunks) == 1:
-                torch.mm(dgu_c.t(), x, out=dwgu)
+            if h_all is not None:
+                torch.mm(dy.t(), h_all, out=dwd[:, h0:h1])
             else:
-                torch.mm(dgu_c[:, :n].t(), x, out=dwgu[h0:h1])
-                torch.mm(dgu_c[:, n:].t(), x, out=dwgu[hidden + h0: hidden + h1])
-        if dbgu is not None:
-            if len(chunks) == 1:
-                column_sum(dgu_c, out=dbgu)
-            else:
-                column_sum(dgu_c[:, :n], out=dbgu[h0:h1])
-                column_sum(dgu_c[:, n:], out=dbgu[hidden + h0: hidden + h1])
-        if dx is not None and n > 0:
-            _dx_gated(tg, dx, dgu_c, n, wg[h0:h1], wu[h0:h1], accumulate=h0 > 0, mode=mode)
+                for k, (r0, r1, _, h_k) in enumerate(parts):
+                    if k == 0:
+                        torch.mm(dy[r0:r1].t(), h_k, out=dwd[:, h0:h1])
+                    else:
+                        dwd[:, h0:h1].addmm_(dy[r0:r1].t(), h_k)
+        for k, ((r0, r1, _, _), dgu_k) in enumerate(zip(parts, dgus)):
+            xk = x[r0:r1]
+            if dwgu is not None:
+                if len(chunks) == 1 and len(parts) == 1:
+                    torch.mm(dgu_k.t(), xk, out=dwgu)
+                elif k == 0:
+                    torch.mm(dgu_k[:, :n].t(), xk, out=dwgu[h0:h1])
+                    torch.mm(dgu_k[:, n:].t(), xk, out=dwgu[hidden + h0: hidden + h1])
+                else:
+                    dwgu[h0:h1].addmm_(dgu_k[:, :n].t(), xk)
+                    dwgu[hidden + h0: hidden + h1].addmm_(dgu_k[:, n:].t(), xk)
+            if dbgu is not None:
+                if len(chunks) == 1 and len(parts) == 1:
+                    column_sum(dgu_k, out=dbgu)
+                elif k == 0:
+                    column_sum(dgu_k[:, :n], out=dbgu[h0:h1])
+                    column_sum(dgu_k[:, n:], out=dbgu[hidden + h0: hidden + h1])
+                else:
+                    dbgu[h0:h1] += column_sum(dgu_k[:, :n])
+                    dbgu[hidden + h0: hidden + h1] += column_sum(dgu_k[:, n:])
+            if dx is not None and n > 0:
+                _dx_gated(tg, dx[r0:r1], dgu_k, n, wg[h0:h1], wu[h0:h1], accumulate=h0 > 0, mode=mode)
     return dx, dwgu, dwd, dbgu, dbd
 
 
