@@ -48,18 +48,11 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "tma_encode.h"
 
 using bf16 = __nv_bfloat16;
 using fused_mlp::Activation;
 namespace s = fused_mlp::sm90;
-
-static PFN_cuTensorMapEncodeTiled_v12000 encode() {
-  void* ptr = nullptr;
-  cudaDriverEntryPointQueryResult status;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
-  if (status != cudaDriverEntryPointSuccess || ptr == nullptr) std::exit(2);
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-}
 
 // Row-major [rows, cols] bf16 as box_rows x box_cols boxes, 128-byte swizzle (as the ops do;
 // swizzle false: none, for the narrow dh kind's g | u buffers).

@@ -37,16 +37,9 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "tma_encode.h"
 
 constexpr int kN = 14336, kK = 4096, kKB = kK / 64;  // each weight [kN, kK] bf16
-
-static PFN_cuTensorMapEncodeTiled_v12000 encode() {
-  void* ptr = nullptr;
-  cudaDriverEntryPointQueryResult status;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
-  if (status != cudaDriverEntryPointSuccess || ptr == nullptr) std::exit(2);
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-}
 
 // 2-D: boxes of br rows x 64 columns, 128-byte swizzle. 3-D: the columns as (64, kKB) and boxes of
 // br rows x kb blocks x 64.
