@@ -24,11 +24,11 @@ Gated MLP, x [M, D], g = x Wg^T + bg, u = x Wu^T + bu, h = act(g) * u, y = h Wd^
                        Weight gradients of a chunk are complete column / row blocks; dx
                        accumulates over chunks (addmm_, in x's dtype). Gated MLP with
                        [dWg; dWu] requested: where it can, a chunk's g | u | h lives in
-                       the gradient rows (and dWd columns) that later chunks will write
-                       (recompute_plan): the chunk's token rows in two halves, one half's
-                       g | u in the free dWg rows, the other's in the free dWu rows, h in
-                       dWd's free columns (or after each half's g | u), so that only the
-                       last, small chunk takes memory of its own
+                       gradient rows not yet written (recompute_plan): the chunk's token
+                       rows in two halves, one half's g | u in the dWg rows of later
+                       chunks, the other's in their dWu rows; h in the chunk's own dWg
+                       rows (M <= d: they are written after h's last reader) or after each
+                       half's g | u. Only the last, small chunk takes memory of its own
                        (FUSED_MLP_RECOMPUTE_IN_GRADS=0: every chunk in the budget's buffer).
 
 Plain MLP (pre = x W1^T + b1, h = act(pre)): the same with pre instead of g | u,
