@@ -494,14 +494,16 @@ def test_interpret_recompute_in_chunks(interpret, monkeypatch, dx_mode):
                     ref_grads_plain(interpret, p, "quick_gelu", layout), TOL[torch.float32], f"mlp {layout} chunks")
 
 
-@pytest.mark.parametrize("m, d, h_own", [(16, 64, True), (45, 40, False)])
+@pytest.mark.parametrize("m, d, h_own", [(16, 64, True), (45, 40, False), (1, 64, True)])
 def test_interpret_recompute_in_weight_grads(interpret, monkeypatch, m, d, h_own):
     """recompute_plan's chunks with g | u in the rows of [dWg; dWu] that later chunks write
-    (the token rows in two halves, 45 an odd count) and h in the chunk's own dWg rows (M <=
-    d) or after each half's g | u (M > d), then the last columns in a buffer of their own:
-    every gradient right, gated and packed, with and without biases."""
+    (the token rows in two halves, 45 an odd count, 1 a single part) and h in the chunk's own
+    dWg rows (M <= d) or after each half's g | u (M > d), then the last columns in a buffer
+    of their own: every gradient right, gated and packed, with and without biases."""
     tb = module(interpret, "triton_backward")
-    if h_own:  # M 16 x 512 x 12 bytes is 96 KB; the tail's 1.5 KB fits budget / 16
+    if m == 1:  # 512 x 12 bytes is 6 KB; the tail's 128 bytes fit budget / 16
+        budget, hidden, want = 4096, 512, [(496, True), (16, False)]
+    elif h_own:  # M 16 x 512 x 12 bytes is 96 KB; the tail's 1.5 KB fits budget / 16
         budget, hidden, want = 80 * 1024, 512, [(408, True), (80, True), (24, False)]
     else:  # fewer, larger chunks than budget / 16 would give (interpreter time)
         budget, hidden, want = 128 * 1024, 256, [(88, True), (56, True), (40, True), (24, True), (48, False)]

@@ -151,6 +151,8 @@ def in_grads_parts(dwgu: Tensor, hidden: int, h1: int, m: int, n: int,
     half = (m + 1) // 2
     parts = []
     for r0, r1, region in ((0, half, dwgu[h1:hidden]), (half, m, dwgu[hidden + h1:])):
+        if r1 == r0:  # M = 1: one part
+            continue
         flat = region.view(-1)
         rows = r1 - r0
         gu_k = flat[: rows * 2 * n].view(rows, 2 * n)
