@@ -120,6 +120,23 @@ def call_order(names: list, cycle: int) -> list:
     return names[k:] + names[:k]
 
 
+_FLUSH: dict = {}
+
+
+def _flush_buffer() -> torch.Tensor:
+    """256 MB on the current GPU, zeroed before each timed call to flush the L2 (made once)."""
+    dev = torch.cuda.current_device()
+    if dev not in _FLUSH:
+        _FLUSH[dev] = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    return _FLUSH[dev]
+
+
+def _drop(fns: dict, names: list, n: str, e: Exception) -> None:
+    print(f"[bench] alternating: {n} failed: {type(e).__name__}: {e}; dropped", flush=True)
+    fns[n] = None
+    names.remove(n)
+
+
 def alternating(fns: dict, budget_ms: float, device: str, before=None) -> dict:
     """{name: median ms}: every implementation timed call by call with the implementations
     interleaved (cycle c calls each once, starting with a different one each cycle), L2 flushed
@@ -129,39 +146,53 @@ def alternating(fns: dict, budget_ms: float, device: str, before=None) -> dict:
     last place of a round, NOTES session 22); interleaved call by call, all see the same clocks.
     Cycles: as many as fit budget_ms (estimated from one warm call each), 5 to 200. before():
     run ahead of each call, untimed (bench_train: the parameters' gradients set to None, as
-    do_bench's grad_to_none)."""
+    do_bench's grad_to_none). An implementation that raises is reported, left out of the result
+    and set to None in `fns` (so later rounds of timed_rounds skip it); the others go on."""
     before = before or (lambda: None)
     names = [n for n, f in fns.items() if f is not None]
     if device != "cuda":  # CPU dry run: one timed call each
         out = {}
-        for n in names:
+        for n in list(names):
             before()
             t = time.perf_counter()
-            fns[n]()
+            try:
+                fns[n]()
+            except Exception as e:
+                _drop(fns, names, n, e)
+                continue
             out[n] = (time.perf_counter() - t) * 1e3
         return out
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    flush = _flush_buffer()
     est = 0.0
-    for n in names:
-        before()
-        fns[n]()
-        torch.cuda.synchronize()
-        before()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fns[n]()
-        e.record()
-        e.synchronize()
+    for n in list(names):
+        try:
+            before()
+            fns[n]()
+            torch.cuda.synchronize()
+            before()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fns[n]()
+            e.record()
+            e.synchronize()
+        except Exception as err:
+            _drop(fns, names, n, err)
+            continue
         est += s.elapsed_time(e) + 0.07  # + the flush
     cycles = int(min(200, max(5, budget_ms / max(est, 1e-3))))
     events = {n: [] for n in names}
     for c in range(cycles):
-        for n in call_order(names, c):
+        for n in call_order(list(names), c):
             before()
             flush.zero_()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
-            fns[n]()
+            try:
+                fns[n]()
+            except Exception as err:
+                _drop(fns, names, n, err)
+                del events[n]
+                continue
             e.record()
             events[n].append((s, e))
     torch.cuda.synchronize()
@@ -307,6 +338,9 @@ def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int,
         if time_all is not None:
             for name, ms in time_all(live).items():
                 runs[name].append(ms)
+            for name, fn in live.items():  # dropped by time_all (it raised): untimed, as below
+                if fn is None and fns[name] is not None:
+                    runs[name] = []
             continue
         for name, fn in live.items():
             if fn is None:

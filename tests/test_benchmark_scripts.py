@@ -137,6 +137,30 @@ def test_timed_rounds_with_one_timer_for_all_and_the_alternating_order():
     assert all(sorted(o[i] for o in orders[:3]) == names for i in range(3))  # every position once
 
 
+def test_alternating_drops_an_implementation_that_raises(capsys):
+    """bench_mlp.alternating (CPU dry run): an implementation that raises in the second round
+    is reported and dropped from that round on, as timed_rounds drops one with time_one; the
+    others are timed in every round."""
+    bm = _load("bench_mlp_under_test", BENCH / "bench_mlp.py")
+    calls = []
+
+    def impl(name, fail_at=None):
+        def fn():
+            calls.append(name)
+            if fail_at is not None and calls.count(name) == fail_at:
+                raise RuntimeError("no kernel for this shape")
+        return fn
+
+    fns = {"ours": impl("ours"), "eager": impl("eager"), "compile": None, "liger": impl("liger", fail_at=2)}
+    times, extra = bm.timed_rounds("case", "events", fns, None, repeats=3,
+                                   time_all=lambda live: bm.alternating(live, 1.0, "cpu"))
+    assert calls.count("ours") == calls.count("eager") == 3 and calls.count("liger") == 2
+    assert times["liger"] is None and times["compile"] is None
+    assert times["ours"] is not None and times["eager"] is not None
+    assert sorted(extra["rounds_ms"]) == ["eager", "ours"] and len(extra["rounds_ms"]["ours"]) == 3
+    assert "liger failed: RuntimeError: no kernel for this shape; dropped" in capsys.readouterr().out
+
+
 def test_alternating_rounds_gives_medians_and_every_round(monkeypatch):
     """bench_mlp.alternating_rounds (the micro A/B scripts' timer): `repeats` rounds of
     alternating(fns, budget, device, before), the median per name and each round's time."""
