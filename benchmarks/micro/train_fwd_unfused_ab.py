@@ -3,15 +3,15 @@ g | u and h) against two cuBLAS GEMMs into g | u's halves + our silu_and_mul, th
 GEMM, alternating calls, 3 rounds; "_only" rows without the down GEMM.
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/train_fwd_unfused_ab.py OUT.json"""
-import importlib, json, sys, pathlib
+import datetime, importlib, json, sys, pathlib
 import torch
+import triton
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import bench_mlp as B
 from kernels import get_kernel
 fm = get_kernel("org/fused-mlp", version=1)
 tg = importlib.import_module(fm.__name__ + ".triton_gemm")
 act = fm.activations.ACTIVATION_IDS["silu"]
-import datetime, triton
 out = {"info": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "command": " ".join(sys.argv)}}
 for m, d, h in [(4096, 4096, 14336), (8192, 768, 3072)]:

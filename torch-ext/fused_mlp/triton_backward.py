@@ -218,16 +218,18 @@ def _dx_gated(tg, dx: Tensor, dgu: Tensor, n: int, wg: Tensor, wu: Tensor, accum
         return
     w = as_one_weight(wg, wu)
     if w is not None:  # packed gate_up: one GEMM with K = 2n
-        if accumulate:
-            dx.addmm_(dgu, w)
-        else:
-            torch.mm(dgu, w, out=dx)
+        _mm_into(dx, dgu, w, accumulate)
         return
-    if accumulate:
-        dx.addmm_(dg, wg)
-    else:
-        torch.mm(dg, wg, out=dx)
+    _mm_into(dx, dg, wg, accumulate)
     dx.addmm_(du, wu)
+
+
+def _mm_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
+    """out = a b, or out += a b (cuBLAS, no temporary)."""
+    if accumulate:
+        out.addmm_(a, b)
+    else:
+        torch.mm(a, b, out=out)
 
 
 # Bits of `needs` (which gradients to compute).
@@ -272,8 +274,8 @@ def gated_backward(tg, dy: Tensor, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor
     else:
         # (rows of dWgu 16-byte aligned, as the kernels' row pointers must be)
         grads_free = dwgu is not None and (d * x.element_size()) % 16 == 0 and recompute_in_grads()
-        chunks, cols = recompute_plan(m, hidden, d, x.element_size(), chunk_budget, grads_free, m <= d)
-        h_own = m <= d and any(c[2] for c in chunks)
+        chunks, cols = recompute_plan(m, hidden, d, x.element_size(), chunk_budget, grads_free, h_own=m <= d)
+        h_own = m <= d and any(c[2] for c in chunks)  # (the plain plan keeps h in its buffer)
     # g | u (and h, unless h_own) of the chunks that do not live in the gradients
     buf = None if saved else torch.empty((m, (2 if h_own else 3) * cols), **new)
     for h0, h1, in_grads in chunks:
@@ -301,32 +303,27 @@ def gated_backward(tg, dy: Tensor, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor
         if dwd is not None:
             if h_all is not None:
                 torch.mm(dy.t(), h_all, out=dwd[:, h0:h1])
-            else:
+            else:  # the halves' h apart: the second adds to the first
                 for k, (r0, r1, _, h_k) in enumerate(parts):
-                    if k == 0:
-                        torch.mm(dy[r0:r1].t(), h_k, out=dwd[:, h0:h1])
-                    else:
-                        dwd[:, h0:h1].addmm_(dy[r0:r1].t(), h_k)
+                    _mm_into(dwd[:, h0:h1], dy[r0:r1].t(), h_k, k > 0)
+        whole = len(chunks) == 1 and len(parts) == 1  # [dWg; dWu] and [dbg; dbu] at once
         for k, ((r0, r1, _, _), dgu_k) in enumerate(zip(parts, dgus)):
             xk = x[r0:r1]
             if dwgu is not None:
-                if len(chunks) == 1 and len(parts) == 1:
+                if whole:
                     torch.mm(dgu_k.t(), xk, out=dwgu)
-                elif k == 0:
-                    torch.mm(dgu_k[:, :n].t(), xk, out=dwgu[h0:h1])
-                    torch.mm(dgu_k[:, n:].t(), xk, out=dwgu[hidden + h0: hidden + h1])
                 else:
-                    dwgu[h0:h1].addmm_(dgu_k[:, :n].t(), xk)
-                    dwgu[hidden + h0: hidden + h1].addmm_(dgu_k[:, n:].t(), xk)
+                    _mm_into(dwgu[h0:h1], dgu_k[:, :n].t(), xk, k > 0)
+                    _mm_into(dwgu[hidden + h0: hidden + h1], dgu_k[:, n:].t(), xk, k > 0)
             if dbgu is not None:
-                if len(chunks) == 1 and len(parts) == 1:
+                if whole:
                     column_sum(dgu_k, out=dbgu)
-                elif k == 0:
-                    column_sum(dgu_k[:, :n], out=dbgu[h0:h1])
-                    column_sum(dgu_k[:, n:], out=dbgu[hidden + h0: hidden + h1])
                 else:
-                    dbgu[h0:h1] += column_sum(dgu_k[:, :n])
-                    dbgu[hidden + h0: hidden + h1] += column_sum(dgu_k[:, n:])
+                    for part, lo in ((dgu_k[:, :n], h0), (dgu_k[:, n:], hidden + h0)):
+                        if k == 0:
+                            column_sum(part, out=dbgu[lo: lo + n])
+                        else:
+                            dbgu[lo: lo + n] += column_sum(part)
             if dx is not None and n > 0:
                 _dx_gated(tg, dx[r0:r1], dgu_k, n, wg[h0:h1], wu[h0:h1], accumulate=h0 > 0, mode=mode)
     return dx, dwgu, dwd, dbgu, dbd
@@ -390,9 +387,5 @@ def mlp_backward(tg, dy: Tensor, x: Tensor, w1: Tensor, b1: Optional[Tensor], w2
         if db1 is not None:
             column_sum(dpre, out=db1[h0:h1])
         if dx is not None and n > 0:
-            w = w1_c.t() if conv else w1_c  # [n, D]
-            if h0 > 0:
-                dx.addmm_(dpre, w)
-            else:
-                torch.mm(dpre, w, out=dx)
+            _mm_into(dx, dpre, w1_c.t() if conv else w1_c, h0 > 0)  # w1 chunk as [n, D]
     return dx, dw1, dw2, db1, db2
