@@ -1410,16 +1410,22 @@ NODE_PARTIAL = {
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("train_fwd", ["fused", "unfused"])
 @pytest.mark.parametrize("kind", NODE_KINDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_sm90_train_node(gpu, monkeypatch, dtype, kind):
+def test_gpu_sm90_train_node(gpu, monkeypatch, dtype, kind, train_fwd):
     """Eager training runs as train_sm90.cu's C++ autograd node where the sm_90a kernels take it
     (the SM count is patched so that small odd shapes do): the gated MLP and the packed one
     (GatedTrainSm90) and the plain MLP in nn.Linear's and Conv1D's layouts (PlainTrainSm90),
     with and without biases. Each gives the Python path's bits (FUSED_MLP_SM90_TRAIN=0: the same kernels in the
     same order) for every activation, x with leading dimensions, and only some inputs requiring
-    grad; and is right against float64."""
+    grad; and is right against float64. The gated kinds both ways of their forward's gate/up
+    stage (FUSED_MLP_SM90_TRAIN_FWD: the fused kernel storing g | u, or without biases cuBLAS +
+    act_and_mul)."""
     need_sm90(gpu)
+    if train_fwd == "unfused" and kind not in ("gated", "packed"):
+        pytest.skip("the plain MLP's forward has no unfused form")
+    monkeypatch.setenv("FUSED_MLP_SM90_TRAIN_FWD", train_fwd)
     monkeypatch.setattr(module(gpu, "sm90"), "_sm_count", lambda index: 1)
     for i, act in enumerate(ACTS):
         for bias in (False, True):
@@ -1441,6 +1447,60 @@ def test_gpu_sm90_train_node(gpu, monkeypatch, dtype, kind):
                     assert torch.equal(got[n], want[n]), f"{what}: {n}.grad differs from the Python path's"
                 if requires is None and lead is None:
                     check_grads(got, _node_ref_grads(gpu, kind, t, act), TOL[dtype], f"C++ node: {what}")
+
+
+def test_train_forward_unfused_rule(fused_mlp, monkeypatch):
+    """Which training forwards take cuBLAS + act_and_mul for the gate/up stage
+    (sm90.train_forward_unfused): SwiGLU's M 4096, 4096 -> 14336 does, GeGLU d768 does not (the
+    shapes measured in session 27: d 4096 from M 1024 up), FUSED_MLP_SM90_TRAIN_FWD overrides the rule,
+    and gate / up biases keep the fused kernel either way."""
+    rule = module(fused_mlp, "sm90").train_forward_unfused
+    monkeypatch.delenv("FUSED_MLP_SM90_TRAIN_FWD", raising=False)
+    assert rule(4096, 4096, 14336) and rule(1024, 4096, 14336)
+    assert not rule(8192, 768, 3072) and not rule(4096, 2048, 8192) and not rule(512, 4096, 14336)
+    monkeypatch.setenv("FUSED_MLP_SM90_TRAIN_FWD", "fused")
+    assert not rule(4096, 4096, 14336)
+    monkeypatch.setenv("FUSED_MLP_SM90_TRAIN_FWD", "unfused")
+    assert rule(8192, 768, 3072)
+    assert not rule(4096, 4096, 14336, biased=True)  # biases keep the fused kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gated", "packed"])
+def test_gpu_sm90_train_forward_unfused_is_dispatched(gpu, monkeypatch, kind):
+    """Where the rule says so (its bounds patched down to this small shape) the node's forward
+    runs cuBLAS + act_and_mul and no gated_gemm_kernel, and the fused kernel otherwise or with
+    biases: the kernels torch.profiler records; on the Python path (FUSED_MLP_SM90_TRAIN=0) too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    need_sm90(gpu)
+    sm90 = module(gpu, "sm90")
+    monkeypatch.setattr(sm90, "_sm_count", lambda index: 1)
+    monkeypatch.delenv("FUSED_MLP_SM90_TRAIN_FWD", raising=False)
+
+    def forward_kernels(t):
+        a = _leaves(t, NODE_NAMES[kind])
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            y = _node_call(gpu, kind, a, "silu")
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events()]
+        return (any("gated_gemm_kernel<" in n for n in names), any("act_and_mul" in n for n in names),
+                _node_name(y))
+
+    for python_path in (False, True):
+        if python_path:
+            monkeypatch.setenv("FUSED_MLP_SM90_TRAIN", "0")
+        for bias in (False, True):
+            t = make_node_case(kind, 777, torch.bfloat16, bias, seed=91)
+            what = f"python_path={python_path} bias={bias}"
+            monkeypatch.setattr(sm90, "_UNFUSED_MIN_K", 1)
+            monkeypatch.setattr(sm90, "_UNFUSED_MIN_MN", 1)
+            fused, act_mul, name = forward_kernels(t)
+            assert (fused, act_mul) == (bias, not bias), (what, name)
+            assert ("Sm90" in name) != python_path, (what, name)
+            monkeypatch.setattr(sm90, "_UNFUSED_MIN_K", 1 << 30)
+            fused, act_mul, name = forward_kernels(t)
+            assert (fused, act_mul) == (True, False), (what, name)
 
 
 @pytest.mark.gpu

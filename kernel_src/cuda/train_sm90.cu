@@ -6,8 +6,9 @@
 // twice as slow on autograd's worker thread (NOTES, sessions 18 and 19).
 //
 // gated_mlp_train_sm90(x, gate_weight, up_weight?, down_weight, gate_bias?, up_bias?, down_bias?,
-//                      ones?, activation) -> y
-//   Forward: gated_gemm_sm90 writes h and the pre-activations g | u, cuBLAS y = h Wd^T + bd.
+//                      ones?, activation, unfused_forward=False) -> y
+//   Forward: gated_gemm_sm90 writes h and the pre-activations g | u (or, unfused_forward,
+//   cuBLAS writes g | u and act_and_mul h from them), cuBLAS y = h Wd^T + bd.
 //   Backward: bd's gradient (GEMV), dact_gemm_sm90 writes dg | du (over the saved g | u unless
 //   the graph is kept for another backward), cuBLAS dWd = dy^T h, [dWg; dWu] = (dg | du)^T x in
 //   one GEMM, [dbg; dbu] in one GEMV, dx = dg Wg + du Wu (one GEMM over K = 2H for the packed
@@ -37,6 +38,9 @@
 
 #include "activations.h"
 #include "gated_gemm_sm90.h"
+
+// act_and_mul.cu (the fused_mlp_cuda kernel table, linked into the same extension).
+void act_and_mul_cuda(at::Tensor& out, const at::Tensor& input, int64_t activation);
 
 namespace fused_mlp {
 namespace sm90 {
@@ -171,7 +175,7 @@ enum Gated { kX, kWg, kWu, kWd, kBg, kBu, kBd, kGatedArgs };
 struct GatedTrainSm90 : public torch::autograd::Function<GatedTrainSm90> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& wg, const OptTensor& wu,
                             const at::Tensor& wd, const OptTensor& bg, const OptTensor& bu, const OptTensor& bd,
-                            const OptTensor& ones, int64_t activation) {
+                            const OptTensor& ones, int64_t activation, bool unfused_forward) {
     const bool packed = !wu.has_value();
     const int64_t hidden = packed ? wg.size(0) / 2 : wg.size(0);
     const at::Tensor x2 = rows(x);
@@ -181,7 +185,17 @@ struct GatedTrainSm90 : public torch::autograd::Function<GatedTrainSm90> {
     const auto [g_b, u_b] = halves(packed, bg.value_or(at::Tensor()), bu.value_or(at::Tensor()), hidden);
     at::Tensor gu = at::empty({m, 2 * hidden}, x.options());
     at::Tensor h = at::empty({m, hidden}, x.options());
-    gated_gemm_sm90(h, x2, g_w, u_w, opt(g_b), opt(u_b), gu, activation, 0);
+    if (unfused_forward && !g_b.defined() && !u_b.defined()) {
+      // cuBLAS's GEMMs into g | u's halves (their rows strided), then act(g) * u: the Python
+      // path's calls (sm90.gate_up), so the same bits; the dispatcher's choice where that
+      // measured faster than the fused kernel (sm90.train_forward_unfused; never with biases).
+      at::Tensor g = gu.narrow(1, 0, hidden), u = gu.narrow(1, hidden, hidden);
+      at::mm_out(g, x2, g_w.t());
+      at::mm_out(u, x2, u_w.t());
+      act_and_mul_cuda(h, gu, activation);
+    } else {
+      gated_gemm_sm90(h, x2, g_w, u_w, opt(g_b), opt(u_b), gu, activation, 0);
+    }
     const at::Tensor y = at::linear(h, wd, bd);
     save(ctx, {x, wg, wu.value_or(at::Tensor()), wd, bg.value_or(at::Tensor()), bu.value_or(at::Tensor()),
                bd.value_or(at::Tensor())},
@@ -190,7 +204,7 @@ struct GatedTrainSm90 : public torch::autograd::Function<GatedTrainSm90> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(kGatedArgs + 2);  // + ones, activation: no gradients
+    variable_list out(kGatedArgs + 3);  // + ones, activation, unfused_forward: no gradients
     const at::Tensor& dy_in = grads[0];
     if (!dy_in.defined()) return out;
     const Saved st = unpack(ctx, kGatedArgs);
@@ -304,11 +318,12 @@ struct PlainTrainSm90 : public torch::autograd::Function<PlainTrainSm90> {
 
 at::Tensor gated_mlp_train_sm90(const at::Tensor& x, const at::Tensor& gate_weight, const OptTensor& up_weight,
                                 const at::Tensor& down_weight, const OptTensor& gate_bias, const OptTensor& up_bias,
-                                const OptTensor& down_bias, const OptTensor& ones, int64_t activation) {
+                                const OptTensor& down_bias, const OptTensor& ones, int64_t activation,
+                                bool unfused_forward) {
   FUSED_MLP_CHECK(up_weight.has_value() || !up_bias.has_value(), "fused_mlp: gated_mlp_train_sm90: with the ",
                   "packed gate_up weight (up_weight None) the bias is gate_bias [2H] alone, got an up_bias");
   return GatedTrainSm90::apply(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, ones,
-                               activation);
+                               activation, unfused_forward);
 }
 
 at::Tensor mlp_train_sm90(const at::Tensor& x, const at::Tensor& fc_weight, const OptTensor& fc_bias,
@@ -327,7 +342,7 @@ at::Tensor mlp_train_sm90(const at::Tensor& x, const at::Tensor& fc_weight, cons
 FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "gated_mlp_train_sm90(Tensor x, Tensor gate_weight, Tensor? up_weight, Tensor down_weight, Tensor? gate_bias, "
-      "Tensor? up_bias, Tensor? down_bias, Tensor? ones, int activation) -> Tensor");
+      "Tensor? up_bias, Tensor? down_bias, Tensor? ones, int activation, bool unfused_forward=False) -> Tensor");
   ops.impl("gated_mlp_train_sm90", c10::DispatchKey::CompositeImplicitAutograd,
            &fused_mlp::sm90::gated_mlp_train_sm90);
   ops.def(

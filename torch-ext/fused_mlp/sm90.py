@@ -121,9 +121,45 @@ def usable(x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optiona
             and (pre is None or _rows_ok(pre)) and _bias_ok(gate_bias) and _bias_ok(up_bias))
 
 
+def train_forward_unfused(m: int, k: int, n: int, biased: bool = False) -> bool:
+    """Whether a training forward's gate/up stage (g | u kept for the backward) of x [m, k]
+    and weights [n, k] runs as cuBLAS's two GEMMs into g | u's halves + act_and_mul instead of
+    the fused kernel storing g | u: where that measured faster (NOTES, session 27), and never
+    with gate / up biases (not measured; the fused kernel adds them before g | u's one rounding).
+    FUSED_MLP_SM90_TRAIN_FWD=fused / =unfused overrides the rule (read at each call)."""
+    if biased:
+        return False
+    forced = os.environ.get("FUSED_MLP_SM90_TRAIN_FWD")
+    if forced in ("fused", "unfused"):
+        return forced == "unfused"
+    return k >= _UNFUSED_MIN_K and m * n >= _UNFUSED_MIN_MN
+
+
+# The rule's bounds (train_forward_unfused), from session 27's A/B (alternating calls, whole
+# eager steps; NOTES): unfused / fused 0.992 at M 1024, 0.997 at M 4096, 0.998 at M 16384 for
+# 4096 -> 14336; 1.004 at 2048 -> 8192, 1.024 at 1024 -> 4096, 1.061 at GeGLU's 768 -> 3072.
+_UNFUSED_MIN_K = 4096
+_UNFUSED_MIN_MN = 1024 * 14336
+
+
+def _gate_up_unfused(out: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, pre: Tensor,
+                     activation_id: int) -> None:
+    """gate_up's result (no biases) as cuBLAS's g = x Wg^T, u = x Wu^T into pre's halves and
+    act_and_mul; train_sm90.cu's node makes the same calls."""
+    n = gate_weight.shape[0]
+    torch.mm(x, gate_weight.t(), out=pre[:, :n])
+    torch.mm(x, up_weight.t(), out=pre[:, n:])
+    ops.act_and_mul(out, pre, activation_id)
+
+
 def gate_up(out: Tensor, x: Tensor, gate_weight: Tensor, up_weight: Tensor, gate_bias: Optional[Tensor],
             up_bias: Optional[Tensor], pre: Optional[Tensor], activation_id: int) -> Tensor:
-    ops.gated_gemm_sm90(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
+    if (pre is not None and pre.is_contiguous() and out.is_contiguous()
+            and train_forward_unfused(x.shape[0], x.shape[1], gate_weight.shape[0],
+                                      gate_bias is not None or up_bias is not None)):
+        _gate_up_unfused(out, x, gate_weight, up_weight, pre, activation_id)
+    else:
+        ops.gated_gemm_sm90(out, x, gate_weight, up_weight, gate_bias, up_bias, pre, activation_id)
     return out
 
 
@@ -196,8 +232,11 @@ def train_usable(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], do
 def train(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weight: Tensor, activation_id: int,
           gate_bias: Optional[Tensor], up_bias: Optional[Tensor], down_bias: Optional[Tensor],
           ones: Optional[Tensor]) -> Tensor:
+    hidden = gate_weight.shape[0] // 2 if up_weight is None else gate_weight.shape[0]
+    m = x.numel() // x.shape[-1]
     return ops.gated_mlp_train_sm90(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, ones,
-                                    activation_id)
+                                    activation_id,
+                                    train_forward_unfused(m, x.shape[-1], hidden, gate_bias is not None or up_bias is not None))
 
 
 def mlp_train_usable(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,
