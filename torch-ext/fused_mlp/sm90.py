@@ -23,7 +23,9 @@ FUSED_MLP_FAST_TANH=0, for the activations they compute through tanh.approx;
 FUSED_MLP_SM90_CACHE_HINTS=0 drops the L2 hints gate_up uses in training at small sizes;
 FUSED_MLP_SM90_NARROW_DH=0 keeps dact's gated kind on its wide tiles where K <= 768 would take
 the narrow ones, whose epilogue gets g | u by TMA; FUSED_MLP_SM90_TRAIN=0 keeps eager training
-on the Python autograd Functions). They take
+on the Python autograd Functions; FUSED_MLP_SM90_TRAIN_FWD=fused / unfused overrides
+train_forward_unfused, the training forward's choice between gate_up storing g | u and
+cuBLAS + act_and_mul). They take
 bf16 / fp16 tensors with unit column stride, 16-byte aligned rows and N a multiple of 8;
 everything else (fp32, odd strides or offsets, other GPUs, builds without them) stays on
 the Triton kernels (or cuBLASLt's epilogue).
