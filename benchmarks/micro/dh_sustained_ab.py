@@ -4,16 +4,15 @@ in its epilogue, dg | du written over a copy of g | u) against cuBLAS's dh and t
 as one torch.compile'd pointwise kernel (what torch.compile's step runs), and cuBLAS's dh alone.
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/dh_sustained_ab.py OUT.json [M,D,H]"""
-import datetime
 import json
 import pathlib
 import sys
 
 import torch
-import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import bench_mlp as B  # noqa: E402
+from _common import rel_err, run_info  # noqa: E402
 from kernels import get_kernel  # noqa: E402
 
 
@@ -46,12 +45,10 @@ def main():
 
     fused()
     ref = cublas_pointwise()
-    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    rel = rel_err(out, ref)
     med, per = B.alternating_rounds({"fused": fused, "cublas_pointwise": cublas_pointwise, "cublas_dh": cublas_dh},
                                     1500, "cuda", 3)
-    res = {"info": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "command": " ".join(sys.argv)},
-           "shape": [m, d, h], "median_ms": med, "rounds_ms": per, "rel_diff_fused_vs_cublas_pointwise": rel}
+    res = {"info": run_info(), "shape": [m, d, h], "median_ms": med, "rounds_ms": per, "rel_diff_fused_vs_cublas_pointwise": rel}
     print(json.dumps(res), flush=True)
     with open(sys.argv[1], "w") as f:
         json.dump(res, f, indent=1)

@@ -2,8 +2,16 @@
 strided halves) missed relu + bias gradients: g | u of both forms against float64, bit differences, sign flips of g.
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/train_fwd_bias_rounding.py"""
-import importlib, os, torch
+import importlib
+import os
+import pathlib
+import sys
+
+import torch
 from kernels import get_kernel
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _common import rel_err  # noqa: E402
 fm = get_kernel("org/fused-mlp", version=1)
 tg = importlib.import_module(fm.__name__ + ".triton_gemm")
 for dtype in (torch.float16, torch.bfloat16):
@@ -39,7 +47,7 @@ for dtype in (torch.float16, torch.bfloat16):
                 torch.cuda.synchronize()
                 res[mode] = (gu.double(), hb.double())
             (gf, hf), (gn, hn) = res["fused"], res["unfused"]
-            er = lambda a: ((a - exact).norm() / exact.norm()).item()
+            er = lambda a: rel_err(a, exact)  # noqa: E731
             flips = lambda a: int(((a[:, :h] > 0) != (exact[:, :h] > 0)).sum())
             print(f"{dtype} {act} bias={bias}: gu err fused {er(gf):.2e} unfused {er(gn):.2e}; g bits differ "
                   f"{int((gf[:, :h] != gn[:, :h]).sum())}, u {int((gf[:, h:] != gn[:, h:]).sum())}; sign flips of g "

@@ -6,29 +6,23 @@ eager training step through gated_mlp (the C++ node, "*_step"). Shapes: the issu
 and GeGLU training cases and a few between them, for the rule (sm90.train_forward_unfused).
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/train_fwd_unfused_ab.py OUT.json [M,D,H,act ...]"""
-import datetime
 import importlib
 import json
-import os
 import pathlib
 import sys
 
 import torch
-import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import bench_mlp as B  # noqa: E402
+from _common import rel_err, run_info, with_env  # noqa: E402
 from kernels import get_kernel  # noqa: E402
 
 SHAPES = [(4096, 4096, 14336, "silu"), (8192, 768, 3072, "gelu_tanh"), (1024, 4096, 14336, "silu"),
           (16384, 4096, 14336, "silu"), (4096, 2048, 8192, "silu"), (8192, 1024, 4096, "silu")]
 
 
-def with_mode(mode, fn):
-    def call():
-        os.environ["FUSED_MLP_SM90_TRAIN_FWD"] = mode
-        return fn()
-    return call
+ENV = "FUSED_MLP_SM90_TRAIN_FWD"
 
 
 def main():
@@ -37,8 +31,7 @@ def main():
     shapes = SHAPES
     if len(sys.argv) > 2:
         shapes = [(int(a), int(b), int(c), act) for a, b, c, act in (s.split(",") for s in sys.argv[2:])]
-    out = {"info": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "command": " ".join(sys.argv)}}
+    out = {"info": run_info()}
     for m, d, h, act in shapes:
         aid = fm.activations.ACTIVATION_IDS[act]
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -67,19 +60,17 @@ def main():
         # The two forms agree within bf16 rounding (h from fp32 accumulators or from bf16 g, u).
         checks = {}
         for mode in ("fused", "unfused"):
-            os.environ["FUSED_MLP_SM90_TRAIN_FWD"] = mode
-            y = fwd().float()
-            step()
+            y = with_env(fwd, ENV, mode)().float()
+            with_env(step, ENV, mode)()
             checks[mode] = (y, gu.float().clone(), [t.grad.float().clone() for t in leaves])
         (yf, gf, df), (yu, gu_u, du) = checks["fused"], checks["unfused"]
-        rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
-        diffs = {"y": rel(yu, yf), "gu": rel(gu_u, gf), "grads": [rel(a, b) for a, b in zip(du, df)]}
+        diffs = {"y": rel_err(yu, yf), "gu": rel_err(gu_u, gf), "grads": [rel_err(a, b) for a, b in zip(du, df)]}
         del checks, yf, gf, df, yu, gu_u, du
         fns = {}
         for mode in ("fused", "unfused"):
-            fns[f"{mode}_stage"] = with_mode(mode, stage)
-            fns[f"{mode}_fwd"] = with_mode(mode, fwd)
-            fns[f"{mode}_step"] = with_mode(mode, step)
+            fns[f"{mode}_stage"] = with_env(stage, ENV, mode)
+            fns[f"{mode}_fwd"] = with_env(fwd, ENV, mode)
+            fns[f"{mode}_step"] = with_env(step, ENV, mode)
         med, per = B.alternating_rounds(fns, 1500, "cuda", 3)
         key = f"m{m}_d{d}_h{h}_{act}"
         ratios = {p: med[f"unfused_{p}"] / med[f"fused_{p}"] for p in ("stage", "fwd", "step")}
@@ -87,7 +78,6 @@ def main():
         print(key, json.dumps({"median_ms": med, "unfused_over_fused": ratios, "diffs": diffs}), flush=True)
         del leaves, x, wg, wu, wd, dy, gu, hb
         torch.cuda.empty_cache()
-    os.environ.pop("FUSED_MLP_SM90_TRAIN_FWD", None)
     with open(sys.argv[1], "w") as f:
         json.dump(out, f, indent=1)
 

@@ -34,6 +34,7 @@ the Triton kernels (or cuBLASLt's epilogue).
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Optional
 
@@ -235,10 +236,10 @@ def train(x: Tensor, gate_weight: Tensor, up_weight: Optional[Tensor], down_weig
           gate_bias: Optional[Tensor], up_bias: Optional[Tensor], down_bias: Optional[Tensor],
           ones: Optional[Tensor]) -> Tensor:
     hidden = gate_weight.shape[0] // 2 if up_weight is None else gate_weight.shape[0]
-    m = x.numel() // x.shape[-1]
+    unfused = train_forward_unfused(math.prod(x.shape[:-1]), x.shape[-1], hidden,
+                                    gate_bias is not None or up_bias is not None)
     return ops.gated_mlp_train_sm90(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias, ones,
-                                    activation_id,
-                                    train_forward_unfused(m, x.shape[-1], hidden, gate_bias is not None or up_bias is not None))
+                                    activation_id, unfused)
 
 
 def mlp_train_usable(x: Tensor, fc_weight: Tensor, fc_bias: Optional[Tensor], proj_weight: Tensor,

@@ -274,8 +274,9 @@ def gated_backward(tg, dy: Tensor, x: Tensor, wg: Tensor, wu: Tensor, wd: Tensor
     else:
         # (rows of dWgu 16-byte aligned, as the kernels' row pointers must be)
         grads_free = dwgu is not None and (d * x.element_size()) % 16 == 0 and recompute_in_grads()
-        chunks, cols = recompute_plan(m, hidden, d, x.element_size(), chunk_budget, grads_free, h_own=m <= d)
-        h_own = m <= d and any(c[2] for c in chunks)  # (the plain plan keeps h in its buffer)
+        h_own = m <= d  # (h fits the chunk's own dWg rows)
+        chunks, cols = recompute_plan(m, hidden, d, x.element_size(), chunk_budget, grads_free, h_own=h_own)
+        h_own = h_own and any(c[2] for c in chunks)  # (the plain plan keeps h in its buffer)
     # g | u (and h, unless h_own) of the chunks that do not live in the gradients
     buf = None if saved else torch.empty((m, (2 if h_own else 3) * cols), **new)
     for h0, h1, in_grads in chunks:
