@@ -142,7 +142,9 @@ __host__ __device__ constexpr bool gated_fwd(Epi e) { return e == Epi::kGatedFwd
 
 // FUSED_MLP_SM90_PROBE_CLOCKS=1 (an experiment switch; the probe only): one thread of each role
 // adds up the SM clock cycles it spends waiting on each barrier and writes the sums, and its
-// whole time in the kernel, to Params::clocks[blockIdx.x * kClockSlots + slot].
+// whole time in the kernel, to Params::clocks[blockIdx.x * kClockSlots + slot]. A role that runs
+// in two calls (the wide dh kinds' epilogue: its last tile again, with the MMA groups' help,
+// TAIL_HELP) adds the second call's figures to the first's.
 #ifndef FUSED_MLP_SM90_PROBE_CLOCKS
 #define FUSED_MLP_SM90_PROBE_CLOCKS 0
 #endif
@@ -495,10 +497,13 @@ __device__ __forceinline__ long long clock_now() {
 }
 
 // Under FUSED_MLP_SM90_PROBE_CLOCKS: this CTA's value of a ClockSlot, written by the thread
-// for which `mine` holds.
-__device__ __forceinline__ void clock_store(const Params& p, int slot, long long v, bool mine) {
+// for which `mine` holds (added to what is there if `add`: a role's later call in one launch).
+__device__ __forceinline__ void clock_store(const Params& p, int slot, long long v, bool mine, bool add = false) {
 #if FUSED_MLP_SM90_PROBE_CLOCKS
-  if (mine && p.clocks != nullptr) p.clocks[blockIdx.x * kClockSlots + slot] = static_cast<unsigned long long>(v);
+  if (mine && p.clocks != nullptr) {
+    unsigned long long& c = p.clocks[blockIdx.x * kClockSlots + slot];
+    c = (add ? c : 0ull) + static_cast<unsigned long long>(v);
+  }
 #endif
 }
 
@@ -1005,8 +1010,9 @@ __device__ __forceinline__ void wide_epilogue(const Params& p, int t_first, int 
     }
     if (releases_staging<kEpiThreads, kArrivers>(tid)) bar_arrive(freed);
   }
-  clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
-  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
+  const bool later = t_first != int(blockIdx.x);  // the last tile's call after the others' (TAIL_HELP)
+  clock_store(p, kClkEpiStaged, wait_staged, tid == 0, later);
+  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0, later);
 }
 
 // The narrow gated dh kind (BN = 64, gu_tma): the thread that loads g | u for the epilogue.
@@ -1167,8 +1173,9 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
       else tile(std::integral_constant<int, BN / 32>{}, m0, n0 + tail.n_off);
     }
   }
-  clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
-  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
+  const bool later = t_first != int(blockIdx.x);  // the last tile's call after the others' (TAIL_HELP)
+  clock_store(p, kClkEpiStaged, wait_staged, tid == 0, later);
+  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0, later);
 }
 
 // The epilogue of the CTA's tiles t_first, t_first + gridDim.x, ... below t_end (it0: the
