@@ -464,25 +464,7 @@ __device__ __forceinline__ void bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-// FUSED_MLP_SM90_WAIT_HINT_NS (an experiment switch, 0 as shipped): a suspend-time hint in ns
-// on every mbarrier wait, so that a waiting warp sleeps until the phase flips (or the hint
-// runs out) instead of the hardware's default interval between polls (NOTES, session 29).
-#ifndef FUSED_MLP_SM90_WAIT_HINT_NS
-#define FUSED_MLP_SM90_WAIT_HINT_NS 0
-#endif
 __device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-#if FUSED_MLP_SM90_WAIT_HINT_NS > 0
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity), "r"(uint32_t(FUSED_MLP_SM90_WAIT_HINT_NS))
-      : "memory");
-  return;
-#endif
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
