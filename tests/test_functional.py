@@ -971,14 +971,20 @@ def test_gpu_sm90_narrow_tail(fused_mlp, monkeypatch, dtype):
     blocks, 536 tiles = 4 x 132 + 8, 4 slices; 71, 568 = 4 x 132 + 40, 2 slices). Each slice sums
     the same K steps per column as the whole tile, so the default gives the bits of the loop
     without the tail, inference and training (g | u), with and without biases, and is right
-    against float64, outputs poisoned first. (That the tail ran is shown by its timing, not
-    here: NOTES, session 23.)"""
+    against float64, outputs poisoned first. Since the bits cannot tell, the launch plan
+    (gated_gemm_sm90_plan, the host's own choice) shows that the tail is taken by default at
+    these shapes and not with FUSED_MLP_SM90_NARROW_TAIL=0."""
     need_sm90(fused_mlp)
     ids = fused_mlp.activations.ACTIVATION_IDS
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     k, n = 200, 1000
     for split, act, bias in ((4, "silu", False), (2, "gelu_tanh", True)):
         m = narrow_tail_rows(sms, -(-n // 128), split) * 128 - 50
+        tiles = -(-m // 128) * -(-n // 128)
+        monkeypatch.delenv("FUSED_MLP_SM90_NARROW_TAIL", raising=False)
+        assert list(fused_mlp.ops.gated_gemm_sm90_plan(m, n, 128)) == [128, tiles, split, tiles // sms * sms, 0], m
+        monkeypatch.setenv("FUSED_MLP_SM90_NARROW_TAIL", "0")
+        assert list(fused_mlp.ops.gated_gemm_sm90_plan(m, n, 128, True))[2] == 1, m
         gen = torch.Generator().manual_seed(50 + split)
         x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
         wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
@@ -1007,6 +1013,33 @@ def test_gpu_sm90_narrow_tail(fused_mlp, monkeypatch, dtype):
                 assert torch.equal(got[None][1], got["0"][1]), what + " g | u"
                 check(got[None][1].cpu(), torch.cat([g, u], 1).cpu(), TOL[dtype], what + " g | u")
             check(got[None][0].cpu(), ref, TOL[dtype], what)
+
+
+@pytest.mark.gpu
+def test_gpu_sm90_plan(fused_mlp, monkeypatch):
+    """The gated forward's launch plan (gated_gemm_sm90_plan: block_n, tiles, tail_split,
+    tail_first, h_only) at the issue's SwiGLU shapes, as the notes describe it for a GPU with
+    132 SMs (the H200): M 128 and 512 on 112-column tiles and the h-only kind for inference, not
+    for training; M 4096 on 128-column tiles with its last round (20 tiles) in 4 slices; M 16384
+    without a tail (80 tiles left over: more than half the SMs). Bad arguments are errors
+    naming them."""
+    need_sm90(fused_mlp)
+    for name in ("FUSED_MLP_SM90_NARROW_TAIL", "FUSED_MLP_SM90_H_ONLY"):
+        monkeypatch.delenv(name, raising=False)
+    plan = fused_mlp.ops.gated_gemm_sm90_plan
+    if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count == 132:
+        assert list(plan(128, 14336)) == [112, 128, 1, 0, 1]
+        assert list(plan(128, 14336, 0, True)) == [112, 128, 1, 0, 0]
+        assert list(plan(512, 14336)) == [112, 512, 1, 0, 1]
+        assert list(plan(4096, 14336)) == [128, 3584, 4, 3564, 0]
+        assert list(plan(16384, 14336)) == [128, 14336, 1, 0, 0]
+    monkeypatch.setenv("FUSED_MLP_SM90_H_ONLY", "0")
+    assert list(plan(128, 14336))[4] == 0
+    assert list(plan(1, 8, 128)) == [128, 1, 1, 0, 0]
+    with pytest.raises(RuntimeError, match="block_n"):
+        plan(128, 14336, 96)
+    with pytest.raises(RuntimeError, match="M and N"):
+        plan(-1, 14336)
 
 
 @pytest.mark.gpu

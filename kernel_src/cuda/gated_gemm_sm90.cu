@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <vector>
 
 #include "activations.h"
 #include "gated_gemm_sm90.h"
@@ -121,6 +122,23 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
     return split > 1 ? (tiles / sms) * bn + bn / split : ((tiles + sms - 1) / sms) * bn;
   };
   return cost(112) < cost(128) ? 112 : 128;
+}
+
+// What the gated forward launches for M x N (the host's choices above, in one place: the op
+// below and gated_gemm_sm90_plan, which the GPU tests read, both take them from here).
+struct GatedPlan {
+  int block_n;     // 112 or 128
+  int64_t tiles;   // row blocks x column tiles of the persistent loop
+  int tail_split;  // column slices per tile of the last, partial round (1: no narrow tail)
+  int tail_first;  // first tile of that round (with tail_split > 1)
+};
+GatedPlan gated_plan(int64_t M, int64_t N, int64_t block_n, int sms) {
+  GatedPlan r{};
+  r.block_n = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sms);
+  r.tiles = ((M + kBM - 1) / kBM) * ((N + r.block_n - 1) / r.block_n);
+  r.tail_split = r.block_n == 128 ? narrow_tail_split(r.tiles, sms) : 1;
+  r.tail_first = r.tail_split > 1 ? static_cast<int>((r.tiles / sms) * sms) : 0;  // the grid is sms wide then
+  return r;
 }
 
 // The gated forward for inference takes the h-only kind (Epi::kGatedFwdH: 4 ring stages) where
@@ -234,18 +252,16 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
-  const int sms = sm_count(device);
-  const int bn = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sms);
+  const GatedPlan plan = gated_plan(M, N, block_n, sm_count(device));
+  const int bn = plan.block_n, split = plan.tail_split;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mg = tensor_map(gate_weight, kBK, bn, "gate_weight"),
                     mu = tensor_map(up_weight, kBK, bn, "up_weight");
   // The narrow tail (128-column tiles only): the weights' maps in boxes of the slice's width.
-  const int64_t tiles = p.tiles_m * ((N + bn - 1) / bn);
-  const int split = bn == 128 ? narrow_tail_split(tiles, sms) : 1;
   CUtensorMap mg_tail = mg, mu_tail = mu;
   if (split > 1) {
     p.tail_split = split;
-    p.tail_first = static_cast<int>((tiles / sms) * sms);  // the grid is sms wide here
+    p.tail_first = plan.tail_first;
     mg_tail = tensor_map(gate_weight, kBK, bn / split, "gate_weight");
     mu_tail = tensor_map(up_weight, kBK, bn / split, "up_weight");
   }
@@ -264,6 +280,17 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
     if (h) go(std::integral_constant<Epi, Epi::kGatedFwdH>{});
     else go(std::integral_constant<Epi, Epi::kGatedFwd>{});
   });
+}
+
+std::vector<int64_t> gated_gemm_sm90_plan(int64_t M, int64_t N, int64_t block_n, bool training) {
+  FUSED_MLP_CHECK(M >= 0 && N >= 0, "fused_mlp: gated_gemm_sm90_plan: M and N must be >= 0, got ", M, ", ", N);
+  FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128,
+                  "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const GatedPlan plan = gated_plan(M, N, block_n, sm_count(device));
+  return {plan.block_n, plan.tiles, plan.tail_split, plan.tail_first,
+          use_h_only(training, (M + kBM - 1) / kBM) ? 1 : 0};
 }
 
 // The backward's first GEMM with the activation's derivative in its epilogue (the same
@@ -393,4 +420,10 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
       "linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation, "
       "bool weight_kn=False) -> ()");
   ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);
+  // What gated_gemm_sm90 would launch for M x N on the current device, as integers: block_n,
+  // tiles, tail_split, tail_first, h_only (for inference). For tests and benchmarks: the narrow
+  // tail and the kinds give the same bits as the plain loop, so only this shows they are taken.
+  // No tensor argument, so no dispatch key: one kernel for every backend.
+  ops.def("gated_gemm_sm90_plan(int M, int N, int block_n=0, bool training=False) -> int[]",
+          &fused_mlp::sm90::gated_gemm_sm90_plan);
 }
