@@ -250,7 +250,7 @@ static std::pair<double, double> time_us(Launch launch) {
 // Under -DFUSED_MLP_SM90_PROBE_CLOCKS=1: the mean over CTAs of each ClockSlot of the kernel
 // header (cycles waited per role and barrier, and each role's whole time), from the last timed
 // launch, in us at the GPU's maximum SM clock; then frees the counters (attach_clocks).
-static void print_clocks(const char* label, const char* shape, const unsigned long long* d_clk, int grid) {
+[[maybe_unused]] static void print_clocks(const char* label, const char* shape, const unsigned long long* d_clk, int grid) {
   std::vector<unsigned long long> clk(size_t(grid) * s::kClockSlots);
   CK(cudaMemcpy(clk.data(), d_clk, clk.size() * 8, cudaMemcpyDeviceToHost));
   int khz = 0;

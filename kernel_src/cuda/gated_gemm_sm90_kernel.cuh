@@ -1476,11 +1476,11 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
         const int chunk = 2 * j + (q >> 1);
         const uint32_t ag = smem_addr(stg_chunk<L>(stg_g, row, chunk));
         const uint32_t au = smem_addr(stg_chunk<L>(stg_u, row, chunk));
-        // this thread's columns of n8 blocks 2 j and 2 j + 1 are words 8 j + lane % 4 and
-        // that + 4: register j / 4, lanes 8 (j % 4) + lane % 4 (+ 4)
-        const int l0 = 8 * (j % 4) + lane % 4;
         uint32_t bg0 = 0u, bg1 = 0u, bu0 = 0u, bu1 = 0u;
         if constexpr (!kDh) {
+          // this thread's columns of n8 blocks 2 j and 2 j + 1 are words 8 j + lane % 4 and
+          // that + 4: register j / 4, lanes 8 (j % 4) + lane % 4 (+ 4)
+          const int l0 = 8 * (j % 4) + lane % 4;
           bg0 = __shfl_sync(0xffffffffu, bias_w[j / 4], l0);
           bg1 = __shfl_sync(0xffffffffu, bias_w[j / 4], l0 + 4);
           bu0 = __shfl_sync(0xffffffffu, bias_w[2 + j / 4], l0);
