@@ -263,6 +263,13 @@ static std::pair<double, double> time_us(Launch launch) {
     for (int b = 0; b < grid; ++b) sum += double(clk[size_t(b) * s::kClockSlots + slot]);
     std::printf("  %s %.1f", names[slot], sum / grid / (khz * 1e-3));
   }
+  // How evenly the CTAs finish: MMA group 1's whole time per CTA (each CTA's clock starts with
+  // it, and at most one wave runs), its least, median and largest value.
+  std::vector<double> total;
+  for (int b = 0; b < grid; ++b) total.push_back(double(clk[size_t(b) * s::kClockSlots + s::kClkMmaTotal]));
+  std::sort(total.begin(), total.end());
+  std::printf("  mma total per CTA min / median / max %.1f / %.1f / %.1f", total.front() / (khz * 1e-3),
+              total[total.size() / 2] / (khz * 1e-3), total.back() / (khz * 1e-3));
   std::printf(" (us)\n");
   CK(cudaFree(const_cast<unsigned long long*>(d_clk)));
 }
