@@ -49,24 +49,47 @@ case "${1:-}" in
       timeout 60 ".probe/$name" "$name" $mode || echo "[probe] $name: exit $? (60 s limit: a hang?)"
     done
     [ -x .probe/stream_pattern ] && timeout 60 .probe/stream_pattern
-    # cuBLAS on the same products (the GEMM alone, no epilogue), timed the same way.
+    # cuBLAS on the same products (the GEMM alone, no epilogue), timed the same way: the dh
+    # kind's dy W (W [K, N]) and the gated forward's x [Wg; Wu]^T (the weights [2 N, K] as
+    # nn.Linear holds them). PROBE_SUSTAIN_MS=n: as the probe binaries, first n ms of launches
+    # back to back, the second half of them timed (time per launch; NOTES, session 29).
     python3 - <<'PY' || true
+import os
 import torch
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+sustain_ms = float(os.environ.get("PROBE_SUSTAIN_MS", "0"))
 for shape, (m, k, n) in {"geglu_d768": (8192, 768, 3072), "swiglu_m4096": (4096, 4096, 14336),
-                         "swiglu_m512": (512, 4096, 14336)}.items():
-    dy = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+                         "swiglu_m512": (512, 4096, 14336), "fwd_swiglu_m4096": (4096, 4096, 2 * 14336),
+                         "fwd_swiglu_m16384": (16384, 4096, 2 * 14336)}.items():
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    if shape.startswith("fwd"):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        gemm = lambda: torch.mm(a, w.t(), out=out)  # noqa: E731
+    else:
+        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        gemm = lambda: torch.mm(a, w, out=out)  # noqa: E731
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    sustained = ""
+    if sustain_ms > 0:
+        gemm()  # cuBLAS's start-up, outside the launch that sizes the loop
+        ev[0].record(); gemm(); ev[1].record(); ev[1].synchronize()
+        n_iter = max(2, int(sustain_ms / ev[0].elapsed_time(ev[1])))
+        for _ in range(n_iter // 2):
+            gemm()
+        ev[0].record()
+        for _ in range(n_iter - n_iter // 2):
+            gemm()
+        ev[1].record(); ev[1].synchronize()
+        sustained = f" | sustained {n_iter - n_iter // 2}: {ev[0].elapsed_time(ev[1]) * 1e3 / (n_iter - n_iter // 2):.1f} us"
     times = []
     for r in range(43):
         flush.fill_(r)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); torch.mm(dy, w, out=out); b.record(); b.synchronize()
-        if r >= 3: times.append(a.elapsed_time(b) * 1e3)
+        ev[0].record(); gemm(); ev[1].record(); ev[1].synchronize()
+        if r >= 3: times.append(ev[0].elapsed_time(ev[1]) * 1e3)
     times.sort()
-    print(f"[probe] {'cublas_gemm':<22} {shape:<14} median {times[len(times)//2]:7.1f} us  min {times[0]:7.1f}"
-          f"  (torch {torch.__version__})")
+    print(f"[probe] {'cublas_gemm':<22} {shape:<17} median {times[len(times)//2]:7.1f} us  min {times[0]:7.1f}"
+          f"{sustained}  (torch {torch.__version__})")
 PY
     ;;
   *) echo "usage: $0 build|run" >&2; exit 2 ;;
