@@ -124,8 +124,9 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
   return cost(112) < cost(128) ? 112 : 128;
 }
 
-// What the gated forward launches for M x N (the host's choices above, in one place: the op
-// below and gated_gemm_sm90_plan, which the GPU tests read, both take them from here).
+// The gated forward's tiles for M x N (the choices above, in one place: the op below and
+// gated_gemm_sm90_plan, which the GPU tests read, both take them from here; the kind, h-only or
+// not, both take from use_h_only below).
 struct GatedPlan {
   int block_n;     // 112 or 128
   int64_t tiles;   // row blocks x column tiles of the persistent loop
