@@ -1263,12 +1263,6 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
 #endif
   if constexpr (kPair) cluster_sync();  // the peer's barriers exist before any multicast or remote arrival
   else __syncthreads();
-  // A kernel that follows this one through a programmatic edge (CUDA graphs: the down GEMM after
-  // the gated forward, see gated_gemm_sm90.cu) may be scheduled from now on: every CTA of this
-  // grid is resident (grid <= SMs, one CTA per SM), so the follower's CTAs take only SMs this
-  // grid leaves idle or has left, and its griddepcontrol.wait still holds its reads until this
-  // grid has finished and flushed. Without such an edge the instruction does nothing.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   const int tiles = loop_tiles<E>(p);
   const int ksteps = (p.K + kBK - 1) / kBK;
