@@ -62,14 +62,20 @@ def swiglu_operands(m: int = 4096, d: int = 4096, h: int = 14336) -> tuple:
             torch.randn(d, h, **bf) * h**-0.5)
 
 
-def graphed(fn: Callable[[], object]) -> Callable[[], None]:
-    """A CUDA graph of one call of fn (warmed up on a side stream first); returns its replay."""
+def warm_up(fn: Callable[[], object], calls: int = 2) -> None:
+    """Run fn a few times on a side stream before a capture (lazy initialisation, autotuning
+    and allocations happen outside the graph), then join the side stream."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(2):
+        for _ in range(calls):
             fn()
     torch.cuda.current_stream().wait_stream(s)
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """A CUDA graph of one call of fn (warmed up on a side stream first); returns its replay."""
+    warm_up(fn)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
-from _common import local_package, run_info  # noqa: E402
+from _common import local_package, run_info, warm_up  # noqa: E402
 
 fm, = local_package()
 
@@ -118,12 +118,7 @@ def make_programmatic(graph: int, producer_substring: str) -> list:
 
 
 def capture(fn, producer: str, link: bool):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
+    warm_up(fn)
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(g):
         out = fn()
