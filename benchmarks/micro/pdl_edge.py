@@ -123,8 +123,9 @@ def capture(fn, producer: str, link: bool):
     with torch.cuda.graph(g):
         out = fn()
     raw = g.raw_cuda_graph()
-    info = describe(raw)
-    info["changed"] = make_programmatic(raw, producer) if link else []
+    changed = make_programmatic(raw, producer) if link else []
+    info = describe(raw)  # after the rewrite (session 30's file listed the edges before it)
+    info["changed"] = changed
     g.instantiate()
     torch.cuda.synchronize()
     return g, out, info
