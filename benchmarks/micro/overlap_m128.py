@@ -18,6 +18,7 @@ roundings differ, so not bit-identical).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -115,13 +116,12 @@ def main() -> None:
             times[name].append(median_us(rp))
     for r in rows:
         if r["form"] in times:
-            ts = sorted(times[r["form"]])
             r["us_rounds"] = times[r["form"]]
-            r["us"] = ts[len(ts) // 2]
-            r["ratio_to_op"] = r["us"] / sorted(times["op"])[len(times["op"]) // 2]
+            r["us"] = statistics.median(times[r["form"]])
+            r["ratio_to_op"] = r["us"] / statistics.median(times["op"])
             print(f"[overlap] M {m} {r['form']:<16} {r['us']:8.1f} us  {r['ratio_to_op']:.3f} of the op"
                   f"  rel diff {r['rel_max_diff_vs_op']:.2e}", flush=True)
-    write_report(args.out, rows, m=m, command="python3 benchmarks/micro/overlap_m128.py " + " ".join(sys.argv[1:]))
+    write_report(args.out, rows, m=m)  # run_info gives the command line
 
 
 if __name__ == "__main__":

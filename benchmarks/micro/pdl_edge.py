@@ -10,8 +10,9 @@ has one) holds their reads of h until our grid is done. This script
 1. prints the captured graph of each case (node kinds, kernel names, edges with their types),
 2. checks, with a sleeping Triton kernel that writes the GEMM's input late, that cuBLAS's
    kernel of each shape waits on a programmatic edge (NaN in its output if it does not),
-3. times graph replays with the edge as captured and made programmatic, alternating, and
-   compares the outputs bit for bit (output poisoned before each checked replay).
+3. times graph replays with the edge as captured and made programmatic, call by call
+   alternating (bench_mlp.alternating_rounds, the micro A/Bs' timer), and compares the outputs
+   bit for bit (output poisoned before each checked replay).
 
     python benchmarks/micro/pdl_edge.py OUT.json
 
@@ -19,7 +20,9 @@ The driver calls go through ctypes (libcuda.so.1, CUDA 12.3+ graph edge API): an
 not the package's code path. The gated kernel's `launch_dependents` existed only in the build
 session 30 measured (reverted after it): on a later build the edge still becomes programmatic
 but our kernel triggers only as its CTAs exit. Session 30 found cuBLAS's few-token kernels do not
-wait (check 2 fails): the timings of those cases race (NOTES.md, session 30).
+wait (check 2 fails): the timings of those cases race (NOTES.md, session 30). That session's file
+was timed by 8139882's own loop (9 rounds of 200 back-to-back replays per graph, no L2 flush);
+the script now takes the records' timer instead.
 """
 
 import ctypes
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+import bench_mlp as B  # noqa: E402
 from _common import local_package, run_info, warm_up  # noqa: E402
 
 fm, = local_package()
@@ -176,17 +180,7 @@ def waits_check(h_src: torch.Tensor, w: torch.Tensor) -> dict:
 # ---- timing ---------------------------------------------------------------------------------
 
 
-def replay_us(g, n: int) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / n
-
-
-def case(name: str, fn, rounds: int = 9, n: int = 200) -> dict:
+def case(name: str, fn, rounds: int = 5) -> dict:
     g0, out0, info0 = capture(fn, "gated_gemm_kernel", link=False)
     g1, out1, info1 = capture(fn, "gated_gemm_kernel", link=True)
     same = True
@@ -196,12 +190,8 @@ def case(name: str, fn, rounds: int = 9, n: int = 200) -> dict:
             g.replay()
         torch.cuda.synchronize()
         same &= torch.equal(out0, out1) and not bool(torch.isnan(out0).any())
-    for g in (g0, g1):
-        replay_us(g, 50)
-    t0, t1 = [], []
-    for _ in range(rounds):
-        t0.append(replay_us(g0, n))
-        t1.append(replay_us(g1, n))
+    _, per = B.alternating_rounds({"plain": g0.replay, "pdl": g1.replay}, 1500, "cuda", rounds)
+    t0, t1 = ([ms * 1e3 for ms in per[k]] for k in ("plain", "pdl"))
     ratios = [b / a for a, b in zip(t0, t1)]
     row = {"case": name, "plain_us": statistics.median(t0), "pdl_us": statistics.median(t1),
            "ratio_median": statistics.median(ratios), "ratios": ratios, "same_bits": same,
