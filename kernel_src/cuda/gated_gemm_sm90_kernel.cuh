@@ -1173,9 +1173,9 @@ __device__ __forceinline__ void gated_fwd_epilogue(const Params& p, int t_first,
       else tile(std::integral_constant<int, BN / 32>{}, m0, n0 + tail.n_off);
     }
   }
-  const bool later = t_first != int(blockIdx.x);  // the last tile's call after the others' (TAIL_HELP)
-  clock_store(p, kClkEpiStaged, wait_staged, tid == 0, later);
-  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0, later);
+  // One call per launch: TAIL_HELP (a second call for the last tile) is for the dh kinds only.
+  clock_store(p, kClkEpiStaged, wait_staged, tid == 0);
+  clock_store(p, kClkEpiTotal, clock_now() - start, tid == 0);
 }
 
 // The epilogue of the CTA's tiles t_first, t_first + gridDim.x, ... below t_end (it0: the
