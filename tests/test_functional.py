@@ -1036,8 +1036,13 @@ def test_gpu_sm90_plan(fused_mlp, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_SM90_H_ONLY", "0")
     assert list(plan(128, 14336))[4] == 0
     assert list(plan(1, 8, 128)) == [128, 1, 1, 0, 0]
-    with pytest.raises(RuntimeError, match="block_n"):
+    with pytest.raises(RuntimeError, match="gated_gemm_sm90_plan takes block_n 0"):
         plan(128, 14336, 96)
+    x = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(128, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="gated_gemm_sm90 takes block_n 0"):
+        fused_mlp.ops.gated_gemm_sm90(out, x, w, w, None, None, None, 0, 96)
     with pytest.raises(RuntimeError, match="M and N"):
         plan(-1, 14336)
 

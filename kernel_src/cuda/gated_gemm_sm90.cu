@@ -124,31 +124,36 @@ int pick_block_n(int64_t M, int64_t N, int sms) {
   return cost(112) < cost(128) ? 112 : 128;
 }
 
-// The gated forward's tiles for M x N (the choices above, in one place: the op below and
-// gated_gemm_sm90_plan, which the GPU tests read, both take them from here; the kind, h-only or
-// not, both take from use_h_only below).
-struct GatedPlan {
-  int block_n;     // 112 or 128
-  int64_t tiles;   // row blocks x column tiles of the persistent loop
-  int tail_split;  // column slices per tile of the last, partial round (1: no narrow tail)
-  int tail_first;  // first tile of that round (with tail_split > 1)
-};
-GatedPlan gated_plan(int64_t M, int64_t N, int64_t block_n, int sms) {
-  GatedPlan r{};
-  r.block_n = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sms);
-  r.tiles = ((M + kBM - 1) / kBM) * ((N + r.block_n - 1) / r.block_n);
-  r.tail_split = r.block_n == 128 ? narrow_tail_split(r.tiles, sms) : 1;
-  r.tail_first = r.tail_split > 1 ? static_cast<int>((r.tiles / sms) * sms) : 0;  // the grid is sms wide then
-  return r;
-}
-
 // The gated forward for inference takes the h-only kind (Epi::kGatedFwdH: 4 ring stages) where
 // x has at most this many row blocks of 128, unless FUSED_MLP_SM90_H_ONLY=0. With more row
 // blocks the weights come mostly from L2 and the 4th stage buys nothing at the power limit,
 // while the activation on the MMA groups' path costs (NOTES, sessions 15 and 16).
 constexpr int64_t kHOnlyMaxRowBlocks = 4;
-bool use_h_only(bool training, int64_t row_blocks) {
-  return !training && row_blocks <= kHOnlyMaxRowBlocks && !switched_off("FUSED_MLP_SM90_H_ONLY");
+
+// block_n as both ops take it: 0 (the plan below chooses), 112 or 128.
+void check_block_n(const char* op, int64_t block_n) {
+  FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128, "fused_mlp: ", op,
+                  " takes block_n 0 (chosen here), 112 or 128, got ", block_n);
+}
+
+// What the gated forward launches for M x N (the choices above, in one place: the op below and
+// gated_gemm_sm90_plan, which the GPU tests read, both take them from here).
+struct GatedPlan {
+  int block_n;     // 112 or 128
+  int64_t tiles;   // row blocks x column tiles of the persistent loop
+  int tail_split;  // column slices per tile of the last, partial round (1: no narrow tail)
+  int tail_first;  // first tile of that round (with tail_split > 1)
+  bool h_only;     // the kind: Epi::kGatedFwdH, else Epi::kGatedFwd
+};
+GatedPlan gated_plan(int64_t M, int64_t N, int64_t block_n, bool training, int sms) {
+  GatedPlan r{};
+  r.block_n = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sms);
+  const int64_t row_blocks = (M + kBM - 1) / kBM;
+  r.tiles = row_blocks * ((N + r.block_n - 1) / r.block_n);
+  r.tail_split = r.block_n == 128 ? narrow_tail_split(r.tiles, sms) : 1;
+  r.tail_first = r.tail_split > 1 ? static_cast<int>((r.tiles / sms) * sms) : 0;  // the grid is sms wide then
+  r.h_only = !training && row_blocks <= kHOnlyMaxRowBlocks && !switched_off("FUSED_MLP_SM90_H_ONLY");
+  return r;
 }
 
 // Params::group_m: FUSED_MLP_SM90_GROUP_M (a positive integer) where set, else the default.
@@ -216,8 +221,7 @@ void check_sizes(const char* op, int64_t M, int64_t N, int64_t K) {
 void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gate_weight, const at::Tensor& up_weight,
                      const c10::optional<at::Tensor>& gate_bias, const c10::optional<at::Tensor>& up_bias,
                      const c10::optional<at::Tensor>& pre, int64_t activation, int64_t block_n) {
-  FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128,
-                  "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
+  check_block_n("gated_gemm_sm90", block_n);
   const int device = check_common("gated_gemm_sm90", x, "x", activation);
   const DeviceScope scope(x);
   check_rows("gated_gemm_sm90", x, "x", x);
@@ -253,7 +257,7 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
   p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
-  const GatedPlan plan = gated_plan(M, N, block_n, sm_count(device));
+  const GatedPlan plan = gated_plan(M, N, block_n, pre.has_value(), sm_count(device));
   const int bn = plan.block_n, split = plan.tail_split;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap mx = tensor_map(x, kBK, kBM, "x"), mg = tensor_map(gate_weight, kBK, bn, "gate_weight"),
@@ -266,7 +270,6 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
     mg_tail = tensor_map(gate_weight, kBK, bn / split, "gate_weight");
     mu_tail = tensor_map(up_weight, kBK, bn / split, "up_weight");
   }
-  const bool h = use_h_only(pre.has_value(), p.tiles_m);
   FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
     auto go = [&](auto kind) {
       constexpr Epi E = decltype(kind)::value;
@@ -278,20 +281,18 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
         else launch<__half, kAct, 128, E>(mx, mg, mu, p, stream, device, &mg_tail, &mu_tail);
       }
     };
-    if (h) go(std::integral_constant<Epi, Epi::kGatedFwdH>{});
+    if (plan.h_only) go(std::integral_constant<Epi, Epi::kGatedFwdH>{});
     else go(std::integral_constant<Epi, Epi::kGatedFwd>{});
   });
 }
 
 std::vector<int64_t> gated_gemm_sm90_plan(int64_t M, int64_t N, int64_t block_n, bool training) {
   FUSED_MLP_CHECK(M >= 0 && N >= 0, "fused_mlp: gated_gemm_sm90_plan: M and N must be >= 0, got ", M, ", ", N);
-  FUSED_MLP_CHECK(block_n == 0 || block_n == 112 || block_n == 128,
-                  "fused_mlp: block_n must be 0 (chosen here), 112 or 128, got ", block_n);
+  check_block_n("gated_gemm_sm90_plan", block_n);
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  const GatedPlan plan = gated_plan(M, N, block_n, sm_count(device));
-  return {plan.block_n, plan.tiles, plan.tail_split, plan.tail_first,
-          use_h_only(training, (M + kBM - 1) / kBM) ? 1 : 0};
+  const GatedPlan plan = gated_plan(M, N, block_n, training, sm_count(device));
+  return {plan.block_n, plan.tiles, plan.tail_split, plan.tail_first, plan.h_only ? 1 : 0};
 }
 
 // The backward's first GEMM with the activation's derivative in its epilogue (the same

@@ -249,7 +249,7 @@ __host__ __device__ constexpr bool gu_tma() {
 // epilogue group only stores h. In the probe (burst, us): SwiGLU M 128 75.4 -> 71.2, M 512
 // 196.8 -> 161.8, M 4096 1318 -> 1247-1272 (but under sustained load 1469 -> 1479), GeGLU d768
 // 118 -> 123 (the activation on the MMA groups' path of a 12-step K loop costs more there than
-// the 4th stage gives). The host takes it for inference with few row blocks (use_h_only).
+// the 4th stage gives). The host takes it for inference with few row blocks (GatedPlan::h_only).
 #ifndef FUSED_MLP_SM90_H_ONLY_STAGES
 #define FUSED_MLP_SM90_H_ONLY_STAGES 4
 #endif
