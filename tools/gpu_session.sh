@@ -4,7 +4,7 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 host-overhead bench-mlp bench-decode bench-train
+#   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
@@ -48,9 +48,10 @@ if has matrix; then
   tail -30 "$OUT/matrix.txt" | tee -a "$LOG"
   cp build/matrix-report.json "$OUT/matrix-report.json" 2>/dev/null
 fi
-if has build; then
-  step build
-  if ! has matrix; then
+if has build || has stage; then
+  # "stage" alone stages a build/ carried from an earlier call (no compile).
+  step "$(has build && echo build || echo stage)"
+  if has build && ! has matrix; then
     if ! $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1; then
       # A failed build must not go on to stage (and test) whatever build/ held before.
       echo "build failed:" | tee -a "$LOG"
