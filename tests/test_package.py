@@ -123,3 +123,12 @@ def test_sm90_kernel_is_not_used_off_the_gpu(fused_mlp, monkeypatch):
     monkeypatch.delenv("FUSED_MLP_FAST_TANH")
     monkeypatch.setenv("FUSED_MLP_SM90", "0")
     assert all(sm90.switched_off(i) for i in ids.values())
+
+
+def test_stage_without_a_build_says_so(tmp_path):
+    # tools/gpu_session.sh's "stage" step on a machine where build/ was not carried: a clear
+    # message and a failing exit, not a traceback.
+    import stage_cache
+
+    with pytest.raises(SystemExit, match="no built variant in"):
+        stage_cache.variant_dirs(tmp_path / "build", None)

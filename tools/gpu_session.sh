@@ -61,7 +61,8 @@ if has build || has stage; then
     grep "^\[build\]\|error" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
     rm -f "$OUT/build_full.txt"
   fi
-  $PY tools/stage_cache.py --cache "$KERNELS_CACHE" 2>&1 | tee -a "$LOG"
+  # Nothing staged (no build/, e.g. a "stage" call that did not carry one): no test can load the package.
+  $PY tools/stage_cache.py --cache "$KERNELS_CACHE" 2>&1 | tee -a "$LOG" || exit 1
 fi
 if has test; then
   step "test ${PYTEST_ARGS:-}"

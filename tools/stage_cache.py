@@ -46,7 +46,8 @@ def default_cache() -> Path:
 
 
 def variant_dirs(build_dir: Path, only: list[str] | None) -> list[Path]:
-    dirs = sorted(d for d in build_dir.iterdir() if d.is_dir() and (d / "metadata.json").exists())
+    found = build_dir.iterdir() if build_dir.is_dir() else ()  # no build/ at all: the message below
+    dirs = sorted(d for d in found if d.is_dir() and (d / "metadata.json").exists())
     if only:
         missing = set(only) - {d.name for d in dirs}
         if missing:
