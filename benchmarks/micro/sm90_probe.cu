@@ -17,6 +17,7 @@
 //
 // "tall" times the 192-row gated forward experiment (gated_fwd_tall_kernel.cuh, session 24)
 // against the 128-row kind, after comparing their outputs bit for bit (run_tall below).
+// "coop" does the same for the 256 x 64 cooperative form (gated_fwd_coop_kernel.cuh, session 33).
 //
 // -DPROBE_DH_BN=64 times the narrow gated dh kind (128 x 128 tiles, g | u TMA-loaded; session
 // 12) instead of the wide one. PROBE_MORE_K=1 (environment) adds two dh shapes with K = 1024
@@ -32,6 +33,7 @@
 // half of those launches the time, energy (NVML) and mean power per launch and the SM clock:
 // at the H200's 700 W limit energy per launch decides the speed (see time_us).
 #include "gated_gemm_sm90_kernel.cuh"
+#include "gated_fwd_coop_kernel.cuh"
 #include "gated_fwd_tall_kernel.cuh"
 
 #include <cudaTypedefs.h>
@@ -507,7 +509,9 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
 // sampled against float64, then both timed (and sustained under PROBE_SUSTAIN_MS).
 // PROBE_TALL_GROUP_M=n: the tall kernel's row blocks per group (default 11: 2112 rows of x, about
 // the 128-row kernel's 16 x 128).
-template <Activation A>
+// "coop" mode (kCoop): the same for the 256 x 64 cooperative form (gated_fwd_coop_kernel.cuh);
+// PROBE_COOP_GROUP_M=n its row blocks per group (default 8: 2048 rows of x, as the 128-row kernel's).
+template <Activation A, bool kCoop = false>
 static void run_tall(const char* label, const char* shape, int M, int K, int N, bool bias) {
   if (!shape_selected(shape)) return;
   std::mt19937 rng(1234);
@@ -557,23 +561,28 @@ static void run_tall(const char* label, const char* shape, int M, int K, int N, 
   CK(cudaFuncSetAttribute(ref_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRefSmem));
   const int ref_grid = std::min(pr.tiles_m * pr.tiles_n, sms);
   const auto launch_ref = [&] { ref_kernel<<<ref_grid, kRefThreads, kRefSmem>>>(rx, rg, ru, rg, ru, pr); };
-  // the tall kernel
+  // the experiment's kernel (tall, or coop)
+  constexpr int kBM = kCoop ? s::kCoopBM : s::kTallBM, kBN = kCoop ? s::kCoopBN : s::kTallBN;
+  constexpr int kThreads = kCoop ? s::kCoopThreads : s::kTallThreads;
+  constexpr int kTallSmem = kCoop ? s::CoopLayout::kSmemBytes : s::TallLayout::kSmemBytes;
+  const char* kName = kCoop ? "256x64 " : "192-row";
   s::Params pt = p;
   pt.out = d_h;
-  pt.tiles_m = (M + s::kTallBM - 1) / s::kTallBM;
-  pt.tiles_n = (N + s::kTallBN - 1) / s::kTallBN;
-  const char* gm = std::getenv("PROBE_TALL_GROUP_M");
-  pt.group_m = gm != nullptr ? std::max(1, std::atoi(gm)) : 11;
-  const CUtensorMap tx = map2d(d_x, M, K, s::kBK, s::kTallBM), th = map2d(d_h, M, N, 64, s::kTallBM);
-  auto tall = s::gated_fwd_tall_kernel<bf16, A>;
-  constexpr int kTallSmem = s::TallLayout::kSmemBytes;
+  pt.tiles_m = (M + kBM - 1) / kBM;
+  pt.tiles_n = (N + kBN - 1) / kBN;
+  const char* gm = std::getenv(kCoop ? "PROBE_COOP_GROUP_M" : "PROBE_TALL_GROUP_M");
+  pt.group_m = gm != nullptr ? std::max(1, std::atoi(gm)) : (kCoop ? 8 : 11);
+  const CUtensorMap tx = map2d(d_x, M, K, s::kBK, kBM), th = map2d(d_h, M, N, 64, kBM);
+  // the weights in boxes of the experiment's tile width (the 128-row kind's are 128 rows)
+  const CUtensorMap tg = kBN == 128 ? rg : map2d(d_wg, N, K, s::kBK, kBN), tu = kBN == 128 ? ru : map2d(d_wu, N, K, s::kBK, kBN);
+  auto tall = kCoop ? s::gated_fwd_coop_kernel<bf16, A> : s::gated_fwd_tall_kernel<bf16, A>;
   CK(cudaFuncSetAttribute(tall, cudaFuncAttributeMaxDynamicSharedMemorySize, kTallSmem));
   const int tall_grid = std::min(pt.tiles_m * pt.tiles_n, sms);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* d_clk = attach_clocks(pt, tall_grid);
   unsigned long long* d_rclk = attach_clocks(pr, ref_grid);
 #endif
-  const auto launch_tall = [&] { tall<<<tall_grid, s::kTallThreads, kTallSmem>>>(tx, rg, ru, th, pt); };
+  const auto launch_tall = [&] { tall<<<tall_grid, kThreads, kTallSmem>>>(tx, tg, tu, th, pt); };
 
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
   CK(cudaMemset(d_ref, 0xff, size_t(M) * N * 2));
@@ -603,24 +612,32 @@ static void run_tall(const char* label, const char* shape, int M, int K, int N, 
   const auto [tmed, tlo] = time_us(launch_tall);
   const std::string tall_sus = sustained_text();
   const double flops = 4.0 * M * K * double(N);
-  std::printf("[probe] %-22s %-14s tall%s bits %s (%zu differ)  check %s (worst %.4f)\n", label, shape,
-              bias ? " bias" : "     ", differ == 0 ? "same" : "DIFFER", differ, bad == 0 ? "ok" : "FAIL", worst);
+  std::printf("[probe] %-22s %-14s %s%s bits %s (%zu differ)  check %s (worst %.4f)\n", label, shape,
+              kCoop ? "coop" : "tall", bias ? " bias" : "     ", differ == 0 ? "same" : "DIFFER", differ,
+              bad == 0 ? "ok" : "FAIL", worst);
   std::printf("[probe] %-22s %-14s 128-row median %7.1f us  min %7.1f  %6.1f TFLOP/s%s\n", label, shape, rmed, rlo,
               flops / rmed * 1e-6, ref_sus.c_str());
-  std::printf("[probe] %-22s %-14s 192-row median %7.1f us  min %7.1f  %6.1f TFLOP/s%s\n", label, shape, tmed, tlo,
-              flops / tmed * 1e-6, tall_sus.c_str());
+  std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s%s\n", label, shape, kName, tmed,
+              tlo, flops / tmed * 1e-6, tall_sus.c_str());
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   // the 128-row kind's slots as named; the tall kernel's: producer<-empty = thread 0's waits for
   // empty stages, mma<-full / mma<-freed / epi<-gu = the full waits of threads 0 / 128 / 256, mma
   // total = thread 0's time, epi<-staged = its hand-offs, loader<-empty = its wgmma_wait<1>.
   print_clocks("128-row", shape, d_rclk, ref_grid);
-  print_clocks("192-row", shape, d_clk, tall_grid);
+  print_clocks(kName, shape, d_clk, tall_grid);
 #endif
   for (bf16* d : {d_x, d_wg, d_wu, d_h, d_ref, d_bg, d_bu}) cudaFree(d);
 }
 
 int main(int argc, char** argv) {
   const char* label = argc > 1 ? argv[1] : "variant";
+  if (argc > 2 && std::string(argv[2]) == "coop") {
+    run_tall<Activation::kSilu, true>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
+    run_tall<Activation::kGeluTanh, true>(label, "m64_n264", 64, 72, 264, true);       // one consumer group's rows
+    run_tall<Activation::kSilu, true>(label, "swiglu_m4096", 4096, 4096, 14336, false);
+    run_tall<Activation::kSilu, true>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+    return 0;
+  }
   if (argc > 2 && std::string(argv[2]) == "tall") {
     run_tall<Activation::kSilu>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
     run_tall<Activation::kGeluTanh>(label, "m64_n264", 64, 72, 264, false);      // one row group active

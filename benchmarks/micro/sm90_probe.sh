@@ -6,7 +6,8 @@
 # Each variant is the set of FUSED_MLP_SM90_* switches after its name (see the kernel header).
 # PROBE_VARIANTS="name -Dflag ...;name2 ..." replaces the list below (same value for build and run).
 # Variants whose name starts with "fwd" time the gated forward kind (sm90_probe.cu's "fwd" mode),
-# "tall" the 192-row experiment against it (gated_fwd_tall_kernel.cuh; "tall" mode).
+# "tall" the 192-row experiment against it (gated_fwd_tall_kernel.cuh; "tall" mode), "coop" the
+# 256 x 64 cooperative form (gated_fwd_coop_kernel.cuh; "coop" mode).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
@@ -46,6 +47,7 @@ case "${1:-}" in
       mode=""
       [[ "$name" == fwd* ]] && mode=fwd
       [[ "$name" == tall* ]] && mode=tall
+      [[ "$name" == coop* ]] && mode=coop
       timeout 60 ".probe/$name" "$name" $mode || echo "[probe] $name: exit $? (60 s limit: a hang?)"
     done
     [ -x .probe/stream_pattern ] && timeout 60 .probe/stream_pattern
