@@ -511,8 +511,11 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
 // the 128-row kernel's 16 x 128).
 // "coop" mode (kCoop): the same for the 256 x 64 cooperative form (gated_fwd_coop_kernel.cuh);
 // PROBE_COOP_GROUP_M=n its row blocks per group (default 8: 2048 rows of x, as the 128-row kernel's).
-template <Activation A, bool kCoop = false>
+// kCoopBN: 0 for the tall kernel, else the coop form's tile width (64, 80 or 96).
+template <Activation A, int kCoopBN = 0>
 static void run_tall(const char* label, const char* shape, int M, int K, int N, bool bias) {
+  constexpr bool kCoop = kCoopBN != 0;
+  constexpr int kCoopW = kCoop ? kCoopBN : 64;
   if (!shape_selected(shape)) return;
   std::mt19937 rng(1234);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -562,20 +565,20 @@ static void run_tall(const char* label, const char* shape, int M, int K, int N, 
   const int ref_grid = std::min(pr.tiles_m * pr.tiles_n, sms);
   const auto launch_ref = [&] { ref_kernel<<<ref_grid, kRefThreads, kRefSmem>>>(rx, rg, ru, rg, ru, pr); };
   // the experiment's kernel (tall, or coop)
-  constexpr int kBM = kCoop ? s::kCoopBM : s::kTallBM, kBN = kCoop ? s::kCoopBN : s::kTallBN;
+  constexpr int kBM = kCoop ? s::kCoopBM : s::kTallBM, kBN = kCoop ? kCoopW : s::kTallBN;
   constexpr int kThreads = kCoop ? s::kCoopThreads : s::kTallThreads;
-  constexpr int kTallSmem = kCoop ? s::CoopLayout::kSmemBytes : s::TallLayout::kSmemBytes;
-  const char* kName = kCoop ? "256x64 " : "192-row";
+  constexpr int kTallSmem = kCoop ? s::CoopLayout<kCoopW>::kSmemBytes : s::TallLayout::kSmemBytes;
+  const char* kName = !kCoop ? "192-row" : kCoopW == 64 ? "256x64 " : kCoopW == 80 ? "256x80 " : "256x96 ";
   s::Params pt = p;
   pt.out = d_h;
   pt.tiles_m = (M + kBM - 1) / kBM;
   pt.tiles_n = (N + kBN - 1) / kBN;
   const char* gm = std::getenv(kCoop ? "PROBE_COOP_GROUP_M" : "PROBE_TALL_GROUP_M");
   pt.group_m = gm != nullptr ? std::max(1, std::atoi(gm)) : (kCoop ? 8 : 11);
-  const CUtensorMap tx = map2d(d_x, M, K, s::kBK, kBM), th = map2d(d_h, M, N, 64, kBM);
+  const CUtensorMap tx = map2d(d_x, M, K, s::kBK, kBM), th = map2d(d_h, M, N, 64, kCoop ? s::kCoopStoreRows : kBM);
   // the weights in boxes of the experiment's tile width (the 128-row kind's are 128 rows)
   const CUtensorMap tg = kBN == 128 ? rg : map2d(d_wg, N, K, s::kBK, kBN), tu = kBN == 128 ? ru : map2d(d_wu, N, K, s::kBK, kBN);
-  auto tall = kCoop ? s::gated_fwd_coop_kernel<bf16, A> : s::gated_fwd_tall_kernel<bf16, A>;
+  auto tall = kCoop ? s::gated_fwd_coop_kernel<bf16, A, kCoopW> : s::gated_fwd_tall_kernel<bf16, A>;
   CK(cudaFuncSetAttribute(tall, cudaFuncAttributeMaxDynamicSharedMemorySize, kTallSmem));
   const int tall_grid = std::min(pt.tiles_m * pt.tiles_n, sms);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
@@ -632,10 +635,19 @@ static void run_tall(const char* label, const char* shape, int M, int K, int N, 
 int main(int argc, char** argv) {
   const char* label = argc > 1 ? argv[1] : "variant";
   if (argc > 2 && std::string(argv[2]) == "coop") {
-    run_tall<Activation::kSilu, true>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
-    run_tall<Activation::kGeluTanh, true>(label, "m64_n264", 64, 72, 264, true);       // one consumer group's rows
-    run_tall<Activation::kSilu, true>(label, "swiglu_m4096", 4096, 4096, 14336, false);
-    run_tall<Activation::kSilu, true>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+    // PROBE_COOP_BN=64 / 80 / 96 (environment): the tile width (default 64)
+    const char* bn = std::getenv("PROBE_COOP_BN");
+    const int w = bn != nullptr ? std::atoi(bn) : 64;
+    const auto all = [&](auto width) {
+      constexpr int W = decltype(width)::value;
+      run_tall<Activation::kSilu, W>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
+      run_tall<Activation::kGeluTanh, W>(label, "m64_n264", 64, 72, 264, true);       // one consumer group's rows
+      run_tall<Activation::kSilu, W>(label, "swiglu_m4096", 4096, 4096, 14336, false);
+      run_tall<Activation::kSilu, W>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+    };
+    if (w == 80) all(std::integral_constant<int, 80>{});
+    else if (w == 96) all(std::integral_constant<int, 96>{});
+    else all(std::integral_constant<int, 64>{});
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "tall") {
