@@ -30,7 +30,7 @@
 // Requirements as the 128-row kinds' (gated_gemm_sm90_kernel.cuh), inference only.
 #pragma once
 
-#include "gated_fwd_tall_kernel.cuh"  // tma_store
+#include "gated_fwd_tall_kernel.cuh"  // tma_store, aligned_smem, init_ring
 
 namespace fused_mlp {
 namespace sm90 {
@@ -138,18 +138,12 @@ __global__ void __launch_bounds__(kCoopThreads, 1)
   using L = CoopLayout<BN>;
   constexpr bool kDirect = BN != 64;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = aligned_smem(smem_raw);
   uint8_t* stg = smem + kCoopStages * L::kStage;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
   uint64_t* empty = full + kCoopStages;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kCoopStages; ++s) {
-      bar_init(&full[s], 1);
-      bar_init(&empty[s], 2);  // one arrival per consumer group
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) init_ring(full, empty, kCoopStages, 2);  // one arrival per consumer group
   __syncthreads();
 
   const int tiles = p.tiles_m * p.tiles_n;

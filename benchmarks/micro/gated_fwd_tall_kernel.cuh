@@ -62,6 +62,20 @@ __device__ __forceinline__ void tma_store(const void* src, const CUtensorMap* ma
                : "memory");
 }
 
+// The probe kernels' start (tall and coop): the 1024-byte aligned base of the dynamic shared
+// memory, and, by thread 0, the ring's barriers (full: the producer's expect_tx arrival; empty:
+// one arrival per group that reads a stage) made visible before the __syncthreads that follows.
+__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+}
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, int stages, uint32_t readers) {
+  for (int s = 0; s < stages; ++s) {
+    bar_init(&full[s], 1);
+    bar_init(&empty[s], readers);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
 template <typename T, Activation A>
 __global__ void __launch_bounds__(kTallThreads, 1)
     gated_fwd_tall_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
@@ -69,17 +83,13 @@ __global__ void __launch_bounds__(kTallThreads, 1)
                           const Params p) {
   using L = TallLayout;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = aligned_smem(smem_raw);
   uint8_t* stg = smem + kTallStages * L::kStage;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
   uint64_t* empty = full + kTallStages;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kTallStages; ++s) {
-      bar_init(&full[s], 1);
-      bar_init(&empty[s], 3);  // one arrival per MMA group
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    init_ring(full, empty, kTallStages, 3);  // one arrival per MMA group
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_x)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_g)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&map_u)) : "memory");
