@@ -51,16 +51,16 @@ constexpr int kCoopThreads = 384;
 #endif
 constexpr int kCoopStoreRows = FUSED_MLP_COOP_SPLIT_STORE ? 128 : 256;  // rows of h per TMA store (the map's box)
 
-// BN: columns of h per tile (64, 80 or 96); Direct: h stored from the registers (no staging tile).
-template <int BN, bool Direct = (BN != 64)>
+// BN: columns of h per tile (64, 80 or 96); kDirect: h stored from the registers (no staging tile).
+template <int BN>
 struct CoopLayout {
+  static constexpr bool kDirect = BN != 64;
   static constexpr int kX = kCoopBM * kBK * 2;   // 32 KB of x per stage
   static constexpr int kW = BN * kBK * 2;        // 8 / 10 / 12 KB of Wg (and of Wu)
   static constexpr int kStage = kX + 2 * kW;     // 48 / 52 / 56 KB
-  static constexpr int kStg = Direct ? 0 : kCoopBM * 128;  // h: 256 rows of 128 bytes (64 columns)
+  static constexpr int kStg = kDirect ? 0 : kCoopBM * 128;  // h: 256 rows of 128 bytes (64 columns)
   static constexpr int kBarOffset = kCoopStages * kStage + kStg;
   static constexpr int kSmemBytes = kBarOffset + 8 * 2 * kCoopStages + 1024;
-  static_assert(BN == 64 || Direct, "a staged tile of h: 64 columns only");
   static_assert(kX % 1024 == 0 && kW % 1024 == 0 && kStage % 1024 == 0, "swizzled tiles stay 1024-byte aligned");
   static_assert(kSmemBytes <= 232448, "fits the 227 KB of shared memory a CTA may have");
 };
@@ -95,7 +95,7 @@ __device__ __forceinline__ void coop_mma(float (&g)[BN / 2], float (&u)[BN / 2],
 
 // h of one 64-row block straight from the accumulators: rows row0 + lane / 4 (+ 8), columns
 // n0 + 8 j + 2 (lane % 4) (+ 1) for the BN / 8 column groups j; g and u (biases added) rounded to
-// T before act(g) * u, as stage_h (the same bits). Bias word w (columns n0 + 2 w, + 1) sits in
+// T before act(g) * u (gated_pair, as stage_h: the same bits). Bias word w (columns n0 + 2 w, + 1) sits in
 // lane w % 32 of bias_g[w / 32] / bias_u[w / 32].
 template <typename T, Activation A, int BN>
 __device__ __forceinline__ void coop_store_h(const Params& p, const float (&g)[BN / 2], const float (&u)[BN / 2],
@@ -111,23 +111,12 @@ __device__ __forceinline__ void coop_store_h(const Params& p, const float (&g)[B
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + lane / 4 + 8 * h;
-      const float2 gv = unpack2<T>(pack2<T>(g[4 * j + 2 * h] + bgj.x, g[4 * j + 2 * h + 1] + bgj.y));
-      const float2 uv = unpack2<T>(pack2<T>(u[4 * j + 2 * h] + buj.x, u[4 * j + 2 * h + 1] + buj.y));
-      const uint32_t hv = pack2<T>(epilogue_act<A>(gv.x) * uv.x, epilogue_act<A>(gv.y) * uv.y);
+      const uint32_t hv = gated_pair<T, A>(g[4 * j + 2 * h], g[4 * j + 2 * h + 1], u[4 * j + 2 * h],
+                                           u[4 * j + 2 * h + 1], bgj, buj);
       if (row < p.M && col < p.N)  // N is a multiple of 8: col + 1 is in too
         *reinterpret_cast<uint32_t*>(out + int64_t(row) * p.ldo + col) = hv;
     }
   }
-}
-
-template <int BN>
-__device__ __forceinline__ void coop_coords(int t, const Params& p, int& m0, int& n0) {
-  const int per_group = p.group_m * p.tiles_n;
-  const int first_m = (t / per_group) * p.group_m;
-  const int rows = min(p.tiles_m - first_m, p.group_m);
-  const int r = t % per_group;
-  m0 = (first_m + r % rows) * kCoopBM;
-  n0 = (r / rows) * BN;
 }
 
 template <typename T, Activation A, int BN = kCoopBN>
@@ -136,7 +125,7 @@ __global__ void __launch_bounds__(kCoopThreads, 1)
                           const __grid_constant__ CUtensorMap map_u, const __grid_constant__ CUtensorMap map_h,
                           const Params p) {
   using L = CoopLayout<BN>;
-  constexpr bool kDirect = BN != 64;
+  constexpr bool kDirect = L::kDirect;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = aligned_smem(smem_raw);
   uint8_t* stg = smem + kCoopStages * L::kStage;
@@ -167,7 +156,7 @@ __global__ void __launch_bounds__(kCoopThreads, 1)
       uint32_t c = 0;
       for (int i = 0; i < mine; ++i) {
         int m0, n0;
-        coop_coords<BN>(blockIdx.x + i * gridDim.x, p, m0, n0);
+        tile_coords<BN, false, kCoopBM>(blockIdx.x + i * gridDim.x, p, m0, n0);
         for (int kb = 0; kb < ksteps; ++kb, ++c) {
           const int s = c % kCoopStages;
           bar_wait_timed(&empty[s], ((c / kCoopStages) & 1) ^ 1, clk_wait);
@@ -195,7 +184,7 @@ __global__ void __launch_bounds__(kCoopThreads, 1)
   uint32_t c = 0;
   for (int i = 0; i < mine; ++i) {
     int m0, n0;
-    coop_coords<BN>(blockIdx.x + i * gridDim.x, p, m0, n0);
+    tile_coords<BN, false, kCoopBM>(blockIdx.x + i * gridDim.x, p, m0, n0);
     // the biases of the tile's BN columns: word w (columns n0 + 2 w, + 1) in lane w % 32 of [w / 32]
     uint32_t bias_gw[2], bias_uw[2];
 #pragma unroll

@@ -46,15 +46,6 @@ struct TallLayout {
 
 #if defined(FUSED_MLP_SM90_DEVICE)
 
-__device__ __forceinline__ void tall_coords(int t, const Params& p, int& m0, int& n0) {
-  const int per_group = p.group_m * p.tiles_n;
-  const int first_m = (t / per_group) * p.group_m;
-  const int rows = min(p.tiles_m - first_m, p.group_m);
-  const int r = t % per_group;
-  m0 = (first_m + r % rows) * kTallBM;
-  n0 = (r / rows) * kTallBN;
-}
-
 __device__ __forceinline__ void tma_store(const void* src, const CUtensorMap* map, int col, int row) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
@@ -115,7 +106,7 @@ __global__ void __launch_bounds__(kTallThreads, 1)
     if (c >= steps) return;
     const int i = c / ksteps, kb = c % ksteps;
     int m0, n0;
-    tall_coords(blockIdx.x + i * gridDim.x, p, m0, n0);
+    tile_coords<kTallBN, false, kTallBM>(blockIdx.x + i * gridDim.x, p, m0, n0);
     const int s = c % kTallStages;
     bar_wait_timed(&empty[s], ((c / kTallStages) & 1) ^ 1, clk_empty);
     bar_expect_tx(&full[s], L::kStage - (FUSED_MLP_SM90_PROBE_NOX ? L::kX : 0));
@@ -133,7 +124,7 @@ __global__ void __launch_bounds__(kTallThreads, 1)
   int c = 0;
   for (int i = 0; i < mine; ++i) {
     int m0, n0;
-    tall_coords(blockIdx.x + i * gridDim.x, p, m0, n0);
+    tile_coords<kTallBN, false, kTallBM>(blockIdx.x + i * gridDim.x, p, m0, n0);
     // Every group issues its MMAs, also over rows past M (zeros from the TMA): a branch around
     // them made ptxas serialize every wgmma (C7518: its dependence barriers in a divergent path;
     // session 24's first form ran 28-53% slower for it).

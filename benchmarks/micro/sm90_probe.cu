@@ -16,7 +16,7 @@
 // PROBE_GROUP_M=n sets the row blocks that walk the columns together (Params::group_m).
 //
 // "tall" times the 192-row gated forward experiment (gated_fwd_tall_kernel.cuh, session 24)
-// against the 128-row kind, after comparing their outputs bit for bit (run_tall below).
+// against the 128-row kind, after comparing their outputs bit for bit (run_experiment below).
 // "coop" does the same for the 256 x 64 cooperative form (gated_fwd_coop_kernel.cuh, session 33).
 //
 // -DPROBE_DH_BN=64 times the narrow gated dh kind (128 x 128 tiles, g | u TMA-loaded; session
@@ -513,7 +513,7 @@ static void run_fwd(const char* label, const char* shape, int M, int K, int N, b
 // PROBE_COOP_GROUP_M=n its row blocks per group (default 8: 2048 rows of x, as the 128-row kernel's).
 // kCoopBN: 0 for the tall kernel, else the coop form's tile width (64, 80 or 96).
 template <Activation A, int kCoopBN = 0>
-static void run_tall(const char* label, const char* shape, int M, int K, int N, bool bias) {
+static void run_experiment(const char* label, const char* shape, int M, int K, int N, bool bias) {
   constexpr bool kCoop = kCoopBN != 0;
   constexpr int kCoopW = kCoop ? kCoopBN : 64;
   if (!shape_selected(shape)) return;
@@ -640,10 +640,10 @@ int main(int argc, char** argv) {
     const int w = bn != nullptr ? std::atoi(bn) : 64;
     const auto all = [&](auto width) {
       constexpr int W = decltype(width)::value;
-      run_tall<Activation::kSilu, W>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
-      run_tall<Activation::kGeluTanh, W>(label, "m64_n264", 64, 72, 264, true);       // one consumer group's rows
-      run_tall<Activation::kSilu, W>(label, "swiglu_m4096", 4096, 4096, 14336, false);
-      run_tall<Activation::kSilu, W>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+      run_experiment<Activation::kSilu, W>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
+      run_experiment<Activation::kGeluTanh, W>(label, "m64_n264", 64, 72, 264, true);       // one consumer group's rows
+      run_experiment<Activation::kSilu, W>(label, "swiglu_m4096", 4096, 4096, 14336, false);
+      run_experiment<Activation::kSilu, W>(label, "swiglu_m16384", 16384, 4096, 14336, false);
     };
     if (w == 80) all(std::integral_constant<int, 80>{});
     else if (w == 96) all(std::integral_constant<int, 96>{});
@@ -651,10 +651,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "tall") {
-    run_tall<Activation::kSilu>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
-    run_tall<Activation::kGeluTanh>(label, "m64_n264", 64, 72, 264, false);      // one row group active
-    run_tall<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, false);
-    run_tall<Activation::kSilu>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+    run_experiment<Activation::kSilu>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
+    run_experiment<Activation::kGeluTanh>(label, "m64_n264", 64, 72, 264, false);      // one row group active
+    run_experiment<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, false);
+    run_experiment<Activation::kSilu>(label, "swiglu_m16384", 16384, 4096, 14336, false);
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "fwd") {

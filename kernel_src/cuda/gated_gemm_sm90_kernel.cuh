@@ -774,8 +774,16 @@ __device__ __forceinline__ float epilogue_act(float v) {
   }
 }
 
-// kGatedFwdH: as stage_pair, but of h = act(g) * u, with g and u (biases added) rounded to T first,
-// as the epilogue computes it from staged g and u: the same bits.
+// h = act(g) * u of one column pair from fp32 g and u: their biases (bg, bu) added, g and u
+// rounded to T first, as the epilogue computes it from staged g and u (the same bits).
+template <typename T, Activation A>
+__device__ __forceinline__ uint32_t gated_pair(float g0, float g1, float u0, float u1, float2 bg, float2 bu) {
+  const float2 g = unpack2<T>(pack2<T>(g0 + bg.x, g1 + bg.y));
+  const float2 u = unpack2<T>(pack2<T>(u0 + bu.x, u1 + bu.y));
+  return pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+}
+
+// kGatedFwdH: as stage_pair, but of h = act(g) * u (gated_pair).
 template <typename T, Activation A, int N>
 __device__ __forceinline__ void stage_h(uint32_t addr, const float (&acc_g)[N], const float (&acc_u)[N], int j,
                                         uint32_t bg0, uint32_t bg1, uint32_t bu0, uint32_t bu1) {
@@ -785,10 +793,8 @@ __device__ __forceinline__ void stage_h(uint32_t addr, const float (&acc_g)[N], 
   uint32_t hw[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 bg = i < 2 ? g0 : g1, bu = i < 2 ? u0 : u1;
-    const float2 g = unpack2<T>(pack2<T>(acc_g[8 * j + 2 * i] + bg.x, acc_g[8 * j + 2 * i + 1] + bg.y));
-    const float2 u = unpack2<T>(pack2<T>(acc_u[8 * j + 2 * i] + bu.x, acc_u[8 * j + 2 * i + 1] + bu.y));
-    hw[i] = pack2<T>(epilogue_act<A>(g.x) * u.x, epilogue_act<A>(g.y) * u.y);
+    hw[i] = gated_pair<T, A>(acc_g[8 * j + 2 * i], acc_g[8 * j + 2 * i + 1], acc_u[8 * j + 2 * i],
+                             acc_u[8 * j + 2 * i + 1], i < 2 ? g0 : g1, i < 2 ? u0 : u1);
   }
   stmatrix_x4(addr, hw);
 }
@@ -862,7 +868,8 @@ __device__ __forceinline__ void gated_dh8(const uint4& dv, const uint4& g4, cons
   du = make_uint4(duw[0], duw[1], duw[2], duw[3]);
 }
 
-template <int BN, bool kPair = false>
+// BM: rows per row block (kBM; the probe's experiments in benchmarks/micro use 192 and 256).
+template <int BN, bool kPair = false, int BM = kBM>
 __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int& n0) {
   const int rank = kPair ? t % 2 : 0;  // paired kinds (CLUSTER): t / 2 is the pair, of 256 rows
   if constexpr (kPair) t /= 2;
@@ -871,7 +878,7 @@ __device__ __forceinline__ void tile_coords(int t, const Params& p, int& m0, int
   const int first_m = (t / per_group) * p.group_m;
   const int rows = min(tiles_m - first_m, p.group_m);
   const int r = t % per_group;
-  m0 = (kPair ? 2 * (first_m + r % rows) + rank : first_m + r % rows) * kBM;
+  m0 = (kPair ? 2 * (first_m + r % rows) + rank : first_m + r % rows) * BM;
   n0 = (r / rows) * BN;
 }
 
