@@ -97,6 +97,9 @@ uint32_t gated_forward_flags(bool training, int64_t operand_bytes) {
   return switched_off("FUSED_MLP_SM90_CACHE_HINTS") ? 0u : gated_forward_hints(training, operand_bytes);
 }
 
+// Row blocks of kBM rows of x (Params::tiles_m): the one count the plans and every op use.
+int64_t row_blocks(int64_t M) { return (M + kBM - 1) / kBM; }
+
 // The narrow tail of the gated forward (Params::tail_split, kernel header): column slices per
 // tile of the persistent loop's last, partial round, for `tiles` 128-column tiles; 1 for none.
 // Only where the loop has at least kNarrowTailMinRounds full rounds (the compute-bound
@@ -117,7 +120,7 @@ int narrow_tail_split(int64_t tiles, int sms) {
 // width; 128 on ties).
 int pick_block_n(int64_t M, int64_t N, int sms) {
   const auto cost = [&](int64_t bn) {
-    const int64_t tiles = ((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
+    const int64_t tiles = row_blocks(M) * ((N + bn - 1) / bn);
     const int split = bn == 128 ? narrow_tail_split(tiles, sms) : 1;
     return split > 1 ? (tiles / sms) * bn + bn / split : ((tiles + sms - 1) / sms) * bn;
   };
@@ -148,11 +151,11 @@ struct GatedPlan {
 GatedPlan gated_plan(int64_t M, int64_t N, int64_t block_n, bool training, int sms) {
   GatedPlan r{};
   r.block_n = block_n != 0 ? static_cast<int>(block_n) : pick_block_n(M, N, sms);
-  const int64_t row_blocks = (M + kBM - 1) / kBM;
-  r.tiles = row_blocks * ((N + r.block_n - 1) / r.block_n);
+  const int64_t blocks = row_blocks(M);
+  r.tiles = blocks * ((N + r.block_n - 1) / r.block_n);
   r.tail_split = r.block_n == 128 ? narrow_tail_split(r.tiles, sms) : 1;
   r.tail_first = r.tail_split > 1 ? static_cast<int>((r.tiles / sms) * sms) : 0;  // the grid is sms wide then
-  r.h_only = !training && row_blocks <= kHOnlyMaxRowBlocks && !switched_off("FUSED_MLP_SM90_H_ONLY");
+  r.h_only = !training && blocks <= kHOnlyMaxRowBlocks && !switched_off("FUSED_MLP_SM90_H_ONLY");
   return r;
 }
 
@@ -256,7 +259,7 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   p.M = static_cast<int>(M);
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
-  p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
+  p.tiles_m = static_cast<int>(row_blocks(M));
   const GatedPlan plan = gated_plan(M, N, block_n, pre.has_value(), sm_count(device));
   const int bn = plan.block_n, split = plan.tail_split;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
@@ -331,7 +334,7 @@ void dact_gemm_sm90(at::Tensor& out, const at::Tensor& dy, const at::Tensor& wei
   p.M = static_cast<int>(M);
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
-  p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
+  p.tiles_m = static_cast<int>(row_blocks(M));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap md = tensor_map(dy, kBK, kBM, "dy");
   const CUtensorMap mw = weight_kn ? tensor_map(weight, 64, kBK, "weight") : tensor_map(weight, kBK, 128, "weight");
@@ -388,7 +391,7 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   p.M = static_cast<int>(M);
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
-  p.tiles_m = static_cast<int>((M + kBM - 1) / kBM);
+  p.tiles_m = static_cast<int>(row_blocks(M));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
   const CUtensorMap mx = tensor_map(x, kBK, kBM, "x");
   const CUtensorMap mw = weight_kn ? tensor_map(weight, 64, kBK, "weight") : tensor_map(weight, kBK, 128, "weight");
