@@ -567,7 +567,7 @@ static void run_experiment(const char* label, const char* shape, int M, int K, i
   // the experiment's kernel (tall, or coop)
   constexpr int kBM = kCoop ? s::kCoopBM : s::kTallBM, kBN = kCoop ? kCoopW : s::kTallBN;
   constexpr int kThreads = kCoop ? s::kCoopThreads : s::kTallThreads;
-  constexpr int kTallSmem = kCoop ? s::CoopLayout<kCoopW>::kSmemBytes : s::TallLayout::kSmemBytes;
+  constexpr int kExpSmem = kCoop ? s::CoopLayout<kCoopW>::kSmemBytes : s::TallLayout::kSmemBytes;
   const char* kName = !kCoop ? "192-row" : kCoopW == 64 ? "256x64 " : kCoopW == 80 ? "256x80 " : "256x96 ";
   s::Params pt = p;
   pt.out = d_h;
@@ -575,22 +575,23 @@ static void run_experiment(const char* label, const char* shape, int M, int K, i
   pt.tiles_n = (N + kBN - 1) / kBN;
   const char* gm = std::getenv(kCoop ? "PROBE_COOP_GROUP_M" : "PROBE_TALL_GROUP_M");
   pt.group_m = gm != nullptr ? std::max(1, std::atoi(gm)) : (kCoop ? 8 : 11);
+  // (th: the TMA store's map; the coop kernels with 80 or 96 columns store h without it)
   const CUtensorMap tx = map2d(d_x, M, K, s::kBK, kBM), th = map2d(d_h, M, N, 64, kCoop ? s::kCoopStoreRows : kBM);
   // the weights in boxes of the experiment's tile width (the 128-row kind's are 128 rows)
   const CUtensorMap tg = kBN == 128 ? rg : map2d(d_wg, N, K, s::kBK, kBN), tu = kBN == 128 ? ru : map2d(d_wu, N, K, s::kBK, kBN);
-  auto tall = kCoop ? s::gated_fwd_coop_kernel<bf16, A, kCoopW> : s::gated_fwd_tall_kernel<bf16, A>;
-  CK(cudaFuncSetAttribute(tall, cudaFuncAttributeMaxDynamicSharedMemorySize, kTallSmem));
-  const int tall_grid = std::min(pt.tiles_m * pt.tiles_n, sms);
+  auto exp_kernel = kCoop ? s::gated_fwd_coop_kernel<bf16, A, kCoopW> : s::gated_fwd_tall_kernel<bf16, A>;
+  CK(cudaFuncSetAttribute(exp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kExpSmem));
+  const int exp_grid = std::min(pt.tiles_m * pt.tiles_n, sms);
 #if FUSED_MLP_SM90_PROBE_CLOCKS
-  unsigned long long* d_clk = attach_clocks(pt, tall_grid);
+  unsigned long long* d_clk = attach_clocks(pt, exp_grid);
   unsigned long long* d_rclk = attach_clocks(pr, ref_grid);
 #endif
-  const auto launch_tall = [&] { tall<<<tall_grid, kThreads, kTallSmem>>>(tx, tg, tu, th, pt); };
+  const auto launch_exp = [&] { exp_kernel<<<exp_grid, kThreads, kExpSmem>>>(tx, tg, tu, th, pt); };
 
   CK(cudaMemset(d_h, 0xff, size_t(M) * N * 2));  // NaN poison
   CK(cudaMemset(d_ref, 0xff, size_t(M) * N * 2));
   launch_ref();
-  launch_tall();
+  launch_exp();
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<bf16> h(size_t(M) * N), ref(size_t(M) * N);
@@ -612,8 +613,8 @@ static void run_experiment(const char* label, const char* shape, int M, int K, i
   }
   const auto [rmed, rlo] = time_us(launch_ref);
   const std::string ref_sus = sustained_text();
-  const auto [tmed, tlo] = time_us(launch_tall);
-  const std::string tall_sus = sustained_text();
+  const auto [tmed, tlo] = time_us(launch_exp);
+  const std::string exp_sus = sustained_text();
   const double flops = 4.0 * M * K * double(N);
   std::printf("[probe] %-22s %-14s %s%s bits %s (%zu differ)  check %s (worst %.4f)\n", label, shape,
               kCoop ? "coop" : "tall", bias ? " bias" : "     ", differ == 0 ? "same" : "DIFFER", differ,
@@ -621,40 +622,43 @@ static void run_experiment(const char* label, const char* shape, int M, int K, i
   std::printf("[probe] %-22s %-14s 128-row median %7.1f us  min %7.1f  %6.1f TFLOP/s%s\n", label, shape, rmed, rlo,
               flops / rmed * 1e-6, ref_sus.c_str());
   std::printf("[probe] %-22s %-14s %s median %7.1f us  min %7.1f  %6.1f TFLOP/s%s\n", label, shape, kName, tmed,
-              tlo, flops / tmed * 1e-6, tall_sus.c_str());
+              tlo, flops / tmed * 1e-6, exp_sus.c_str());
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   // the 128-row kind's slots as named; the tall kernel's: producer<-empty = thread 0's waits for
   // empty stages, mma<-full / mma<-freed / epi<-gu = the full waits of threads 0 / 128 / 256, mma
   // total = thread 0's time, epi<-staged = its hand-offs, loader<-empty = its wgmma_wait<1>.
   print_clocks("128-row", shape, d_rclk, ref_grid);
-  print_clocks(kName, shape, d_clk, tall_grid);
+  print_clocks(kName, shape, d_clk, exp_grid);
 #endif
   for (bf16* d : {d_x, d_wg, d_wu, d_h, d_ref, d_bg, d_bu}) cudaFree(d);
 }
 
 int main(int argc, char** argv) {
   const char* label = argc > 1 ? argv[1] : "variant";
+  // "tall" and "coop" modes: the four shapes, the experiment's kernel against the 128-row kind
+  // (kCoopBN 0: the tall kernel; m64_bias: biases at M 64, which the tall mode ran without)
+  const auto experiment = [&](auto coop_bn, bool m64_bias) {
+    constexpr int W = decltype(coop_bn)::value;
+    run_experiment<Activation::kSilu, W>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
+    run_experiment<Activation::kGeluTanh, W>(label, "m64_n264", 64, 72, 264, m64_bias);   // one row group active
+    run_experiment<Activation::kSilu, W>(label, "swiglu_m4096", 4096, 4096, 14336, false);
+    run_experiment<Activation::kSilu, W>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+  };
   if (argc > 2 && std::string(argv[2]) == "coop") {
     // PROBE_COOP_BN=64 / 80 / 96 (environment): the tile width (default 64)
     const char* bn = std::getenv("PROBE_COOP_BN");
     const int w = bn != nullptr ? std::atoi(bn) : 64;
-    const auto all = [&](auto width) {
-      constexpr int W = decltype(width)::value;
-      run_experiment<Activation::kSilu, W>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
-      run_experiment<Activation::kGeluTanh, W>(label, "m64_n264", 64, 72, 264, true);       // one consumer group's rows
-      run_experiment<Activation::kSilu, W>(label, "swiglu_m4096", 4096, 4096, 14336, false);
-      run_experiment<Activation::kSilu, W>(label, "swiglu_m16384", 16384, 4096, 14336, false);
-    };
-    if (w == 80) all(std::integral_constant<int, 80>{});
-    else if (w == 96) all(std::integral_constant<int, 96>{});
-    else all(std::integral_constant<int, 64>{});
+    if (w == 64) experiment(std::integral_constant<int, 64>{}, true);
+    else if (w == 80) experiment(std::integral_constant<int, 80>{}, true);
+    else if (w == 96) experiment(std::integral_constant<int, 96>{}, true);
+    else {
+      std::fprintf(stderr, "PROBE_COOP_BN must be 64, 80 or 96, got '%s'\n", bn);
+      return 2;
+    }
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "tall") {
-    run_experiment<Activation::kSilu>(label, "odd_m777_n1000", 777, 200, 1000, true);  // partial tiles everywhere
-    run_experiment<Activation::kGeluTanh>(label, "m64_n264", 64, 72, 264, false);      // one row group active
-    run_experiment<Activation::kSilu>(label, "swiglu_m4096", 4096, 4096, 14336, false);
-    run_experiment<Activation::kSilu>(label, "swiglu_m16384", 16384, 4096, 14336, false);
+    experiment(std::integral_constant<int, 0>{}, false);
     return 0;
   }
   if (argc > 2 && std::string(argv[2]) == "fwd") {
