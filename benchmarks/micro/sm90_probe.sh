@@ -7,7 +7,7 @@
 # PROBE_VARIANTS="name -Dflag ...;name2 ..." replaces the list below (same value for build and run).
 # Variants whose name starts with "fwd" time the gated forward kind (sm90_probe.cu's "fwd" mode),
 # "tall" the 192-row experiment against it (gated_fwd_tall_kernel.cuh; "tall" mode), "coop" the
-# 256 x 64 cooperative form (gated_fwd_coop_kernel.cuh; "coop" mode).
+# 256-row cooperative form (gated_fwd_coop_kernel.cuh; "coop" mode; PROBE_COOP_BN=64 / 80 / 96 at run time).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VARIANTS=(
