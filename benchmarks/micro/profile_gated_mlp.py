@@ -5,12 +5,15 @@ between consecutive kernels of a call, and the median span of a call (first kern
 last kernel's end).
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/micro/profile_gated_mlp.py \
-        [--case swiglu|plain] [--m M] [--graph]
+        [--case swiglu|plain] [--m M] [--graph] [--flush fill|read]
 
 --case swiglu: fused_mlp.gated_mlp on the SwiGLU block (d 4096, h 14336, bf16; default M 4096);
 --case plain: fused_mlp.mlp on the post's GeLU-tanh block with biases (d 768, h 3072; M 8192).
 --graph profiles replays of a CUDA graph of the call (as bench_mlp.py's "graph" timing), so the
 gaps are the GPU's own, not the host's launch time.
+--flush read evicts L2 by reading 256 MiB (a sum) instead of writing it: after a fill, L2 holds
+dirty lines that the call's first kernels write back to DRAM, which slowed the few-token down
+GEMM by ~8 us in session 29 (NOTES.md, lt_algos' "mlp" context); a read leaves clean lines.
 
 Ten calls are a short burst: the clocks are higher than under a sustained load (see
 power_clock.py), so these times are the kernels' own at burst clocks, not the benchmark's.
@@ -40,6 +43,7 @@ def main() -> None:
     ap.add_argument("--case", choices=["swiglu", "plain"], default="swiglu")
     ap.add_argument("--m", type=int, default=None, help="tokens (default 4096 for swiglu, 8192 for plain)")
     ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays of the call")
+    ap.add_argument("--flush", choices=["fill", "read"], default="fill", help="how L2 is evicted before each call")
     a = ap.parse_args()
     fm = get_kernel("org/fused-mlp", version=1)
     if a.case == "swiglu":
@@ -53,20 +57,23 @@ def main() -> None:
         w2, b2 = torch.randn(d, h, **bf) * h**-0.5, torch.randn(d, **bf) * 0.1
         call = lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh")  # noqa: E731
     step = graphed(call) if a.graph else call
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")  # 256 MiB
+    total = torch.empty((), dtype=torch.float32, device="cuda")
+    evict = (lambda i: flush.fill_(i)) if a.flush == "fill" else (lambda i: torch.sum(flush, dim=0, out=total))
     for _ in range(5):
         step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(10):
-            flush.fill_(i)
+            evict(i)
             step()
         torch.cuda.synchronize()
     kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
-    # Calls are delimited by the fill kernel that flushes L2 before each.
+    # Calls are delimited by the kernel that evicts L2 before each (fill: FillFunctor; read: a reduce).
+    mark = "FillFunctor" if a.flush == "fill" else "at::native::reduce_kernel"
     calls: list[list] = []
     for e in kernels:
-        if "FillFunctor" in e.name:
+        if mark in e.name:
             calls.append([])
         elif calls:
             calls[-1].append(e)
@@ -78,7 +85,7 @@ def main() -> None:
         gaps += [b.time_range.start - p.time_range.end for p, b in zip(ks, ks[1:])]
         if ks:
             spans.append(ks[-1].time_range.end - ks[0].time_range.start)
-    print(f"# {a.case} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}: {len(calls)} calls, "
+    print(f"# {a.case} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}, L2 evicted by a {a.flush}: {len(calls)} calls, "
           f"{median([len(ks) for ks in calls]):.0f} kernels each")
     for name, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
         print(f"{name:<92} n={len(v):3d} median {median(v):8.1f} us")
