@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import graphed, local_package, write_report  # noqa: E402
+from _common import graphed, local_package, swiglu_operands, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -54,13 +54,9 @@ def main() -> None:
     ops = fm.ops
     act = fm.activations.ACTIVATION_IDS["silu"]
     m, d, hid = args.m, 4096, 14336
-    g = torch.Generator(device="cuda").manual_seed(0)
     bf = dict(device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, d, generator=g, device="cuda").to(torch.bfloat16)
-    wg = (torch.randn(hid, d, generator=g, device="cuda") * d**-0.5).to(torch.bfloat16)
-    wu = (torch.randn(hid, d, generator=g, device="cuda") * d**-0.5).to(torch.bfloat16)
-    wd = (torch.randn(d, hid, generator=g, device="cuda") * hid**-0.5).to(torch.bfloat16)
-    h = torch.randn(m, hid, generator=g, device="cuda").to(torch.bfloat16)
+    x, wg, wu, wd = swiglu_operands(m=m)
+    h = torch.randn(m, hid, **bf)
     half = d // 2
 
     def proxy(splits: int, side_by_side: bool = True):
