@@ -90,6 +90,35 @@ def median_us(fn: Callable[[], object], rep: int = 200) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")) * 1e3
 
 
+def interleaved_us(fns: dict, eviction: str = "fill", reps: int = 40, rounds: int = 3) -> dict:
+    """{name: (median us, [each round's median])}: the calls of `fns` (CUDA-graph replays, say)
+    timed by events, interleaved call by call (rep i starts at the i-th name), L2 evicted
+    before each call by a 256 MiB `fill` (a write, as do_bench does: the call then writes the
+    dirty lines back) or a `read` (a sum over the same bytes: clean lines)."""
+    import statistics
+
+    buf = torch.ones(64 << 20, device="cuda")
+    total = torch.empty((), device="cuda")
+    evict = {"fill": lambda: buf.fill_(1.0), "read": lambda: torch.sum(buf, dim=0, out=total)}[eviction]
+    names = list(fns)
+    per_round: dict = {n: [] for n in names}
+    for _ in range(rounds):
+        events: dict = {n: [] for n in names}
+        for i in range(reps):
+            k = i % len(names)
+            for n in names[k:] + names[:k]:
+                evict()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fns[n]()
+                e.record()
+                events[n].append((s, e))
+        torch.cuda.synchronize()
+        for n, v in events.items():
+            per_round[n].append(statistics.median(s.elapsed_time(e) * 1e3 for s, e in v))
+    return {n: (statistics.median(v), v) for n, v in per_round.items()}
+
+
 def local_package(*submodules: str):
     """fused-mlp as users load it (kernels.get_kernel), from this checkout's staged Hub cache
     (.hub-cache, offline) unless KERNELS_CACHE / HF_HUB_OFFLINE say otherwise: the package

@@ -30,7 +30,6 @@ replay, L2 evicted before each by a 256 MiB fill, as the benchmarks do, or by a 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import graphed, local_package, swiglu_operands, write_report  # noqa: E402
+from _common import graphed, interleaved_us, local_package, swiglu_operands, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -98,31 +97,11 @@ def main() -> None:
     forms["gate_up_proxy"] = gate_up_proxy
     replays = {n: graphed(f) for n, f in forms.items()}
 
-    buf = torch.ones(64 << 20, device="cuda")  # 256 MiB
-    total = torch.empty((), device="cuda")
-    evictions = {"fill": lambda: buf.fill_(1.0), "read": lambda: torch.sum(buf, dim=0, out=total)}
     rows = []
-    for mode, evict in evictions.items():
-        per_round: dict[str, list[float]] = {n: [] for n in replays}
-        for r in range(args.rounds):
-            events: dict[str, list] = {n: [] for n in replays}
-            names = list(replays)
-            for i in range(args.reps):
-                k = i % len(names)
-                for n in names[k:] + names[:k]:
-                    evict()
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    replays[n]()
-                    e.record()
-                    events[n].append((s, e))
-            torch.cuda.synchronize()
-            for n, v in events.items():
-                per_round[n].append(statistics.median(s.elapsed_time(e) * 1e3 for s, e in v))
-        for n, v in per_round.items():
-            rows.append({"eviction": mode, "form": n, "us": statistics.median(v), "rounds_us": v})
-            print(f"[proxy] {mode:4s} {n:18s} {statistics.median(v):8.1f} us  rounds "
-                  + " ".join(f"{t:.1f}" for t in v), flush=True)
+    for mode in ("fill", "read"):
+        for n, (us, rounds) in interleaved_us(replays, mode, args.reps, args.rounds).items():
+            rows.append({"eviction": mode, "form": n, "us": us, "rounds_us": rounds})
+            print(f"[proxy] {mode:4s} {n:18s} {us:8.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds), flush=True)
     write_report(args.out, rows, command=" ".join(sys.argv), m=m)
 
 
