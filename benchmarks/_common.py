@@ -6,6 +6,7 @@ import datetime
 import importlib
 import os
 import shlex
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -90,16 +91,24 @@ def median_us(fn: Callable[[], object], rep: int = 200) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")) * 1e3
 
 
+def l2_evictor(kind: str = "fill") -> Callable[[], object]:
+    """A call that evicts L2 before a timed call by touching 256 MiB: `fill` writes it (as
+    do_bench does; the timed call then writes the dirty lines back to DRAM), `read` sums it
+    (the lines it leaves are clean). The buffer is made once per evictor."""
+    buf = torch.ones(64 << 20, device="cuda")
+    total = torch.empty((), device="cuda")
+    if kind == "fill":
+        return lambda: buf.fill_(1.0)
+    if kind == "read":
+        return lambda: torch.sum(buf, dim=0, out=total)
+    raise ValueError(f"eviction must be 'fill' or 'read', got {kind!r}")
+
+
 def interleaved_us(fns: dict, eviction: str = "fill", reps: int = 40, rounds: int = 3) -> dict:
     """{name: (median us, [each round's median])}: the calls of `fns` (CUDA-graph replays, say)
     timed by events, interleaved call by call (rep i starts at the i-th name), L2 evicted
-    before each call by a 256 MiB `fill` (a write, as do_bench does: the call then writes the
-    dirty lines back) or a `read` (a sum over the same bytes: clean lines)."""
-    import statistics
-
-    buf = torch.ones(64 << 20, device="cuda")
-    total = torch.empty((), device="cuda")
-    evict = {"fill": lambda: buf.fill_(1.0), "read": lambda: torch.sum(buf, dim=0, out=total)}[eviction]
+    before each call by l2_evictor(eviction)."""
+    evict = l2_evictor(eviction)
     names = list(fns)
     per_round: dict = {n: [] for n in names}
     for _ in range(rounds):

@@ -102,7 +102,7 @@ def main() -> None:
         for n, (us, rounds) in interleaved_us(replays, mode, args.reps, args.rounds).items():
             rows.append({"eviction": mode, "form": n, "us": us, "rounds_us": rounds})
             print(f"[proxy] {mode:4s} {n:18s} {us:8.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds), flush=True)
-    write_report(args.out, rows, command=" ".join(sys.argv), m=m)
+    write_report(args.out, rows, m=m)
 
 
 if __name__ == "__main__":

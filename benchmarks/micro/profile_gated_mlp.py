@@ -11,9 +11,11 @@ last kernel's end).
 --case plain: fused_mlp.mlp on the post's GeLU-tanh block with biases (d 768, h 3072; M 8192).
 --graph profiles replays of a CUDA graph of the call (as bench_mlp.py's "graph" timing), so the
 gaps are the GPU's own, not the host's launch time.
---flush read evicts L2 by reading 256 MiB (a sum) instead of writing it: after a fill, L2 holds
-dirty lines that the call's first kernels write back to DRAM, which slowed the few-token down
-GEMM by ~8 us in session 29 (NOTES.md, lt_algos' "mlp" context); a read leaves clean lines.
+--flush read evicts L2 by reading 256 MiB (a sum) instead of writing it (_common.l2_evictor):
+after a fill, L2 holds dirty lines that the call's first kernels write back to DRAM, which
+slowed the few-token down GEMM by ~8 us in session 29 (NOTES.md, lt_algos' "mlp" context); a
+read leaves clean lines. Calls are delimited by the eviction's own kernels, found by profiling
+one eviction alone.
 
 Ten calls are a short burst: the clocks are higher than under a sustained load (see
 power_clock.py), so these times are the kernels' own at burst clocks, not the benchmark's.
@@ -31,7 +33,7 @@ from kernels import get_kernel
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import graphed, swiglu_operands  # noqa: E402
+from _common import graphed, l2_evictor, swiglu_operands  # noqa: E402
 
 
 def median(v: list[float]) -> float:
@@ -57,26 +59,36 @@ def main() -> None:
         w2, b2 = torch.randn(d, h, **bf) * h**-0.5, torch.randn(d, **bf) * 0.1
         call = lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh")  # noqa: E731
     step = graphed(call) if a.graph else call
-    flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")  # 256 MiB
-    total = torch.empty((), dtype=torch.float32, device="cuda")
-    evict = (lambda i: flush.fill_(i)) if a.flush == "fill" else (lambda i: torch.sum(flush, dim=0, out=total))
+    evict = l2_evictor(a.flush)
     for _ in range(5):
         step()
     torch.cuda.synchronize()
+
+    def gpu_kernels(prof) -> list:
+        return sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+
+    # The eviction's own kernels, in order (a fill: one kernel; a read: a memset, then the sum).
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(10):
-            evict(i)
+        evict()
+        torch.cuda.synchronize()
+    evict_names = [e.name for e in gpu_kernels(prof)]
+    opener, prelude = evict_names[-1], set(evict_names[:-1])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            evict()
             step()
         torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
-    # Calls are delimited by the kernel that evicts L2 before each (fill: FillFunctor; read: a reduce).
-    mark = "FillFunctor" if a.flush == "fill" else "at::native::reduce_kernel"
+    # A call opens at the eviction's last kernel; the next eviction's earlier kernels, which
+    # follow the call's own, are taken off its end.
     calls: list[list] = []
-    for e in kernels:
-        if mark in e.name:
+    for e in gpu_kernels(prof):
+        if e.name == opener:
             calls.append([])
         elif calls:
             calls[-1].append(e)
+    for ks in calls:
+        while ks and ks[-1].name in prelude:
+            ks.pop()
     times: dict[str, list[float]] = {}
     gaps, spans = [], []
     for ks in calls:
