@@ -11,11 +11,17 @@ same product in the others (all without copies of W_down), each a CUDA graph:
   swap        y^T = W_down @ h^T, h row-major read as the column-major B operand (y^T [D, M])
   swap_hT     y^T = W_down @ hT
   swap_copy   swap, then y = y^T.t().contiguous() (what the op would have to return)
+  bmm_S       (session 35) split-K by hand: one strided-batched GEMM over S K slices of h and
+              W_down (views, no copies) with fp32 partial sums, then their sum cast to bf16;
+              bmm_S_only is the batched GEMM alone (--bmm lists S; 7 makes every slice of a
+              W_down row one 4 KB-aligned 4 KB run, 8 makes 3.5 KB runs)
+  gate_linear F.linear(x, W_gate): cuBLAS on the same number of weight bytes (117 MB) in the gate
+              GEMM's shape (whole 8 KB rows, K = 4096), for comparison
 timed by events around replays, interleaved, with L2 evicted by a fill and by a read
 (_common.interleaved_us); each form's result is checked against `linear`; the kernels each
 form launches are listed from one profiled replay.
 
-    python3 benchmarks/micro/down_layouts.py [--m 128] [--out F]
+    python3 benchmarks/micro/down_layouts.py [--m 128] [--bmm 2,7,8] [--out F]
 """
 
 from __future__ import annotations
@@ -33,16 +39,37 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import graphed, interleaved_us, rel_err, swiglu_operands, write_report  # noqa: E402
 
 
+def split_k_forms(h: torch.Tensor, wd: torch.Tensor, parts: int):
+    """(the batched GEMM alone, it with the reduction) for y = h W_down^T split into `parts` K
+    slices: h [M, K] viewed as [parts, M, K/parts] and W_down [D, K] as [parts, K/parts, D], both
+    views of the original storage (cuBLAS takes the row strides as leading dimensions)."""
+    m, k = h.shape
+    d = wd.shape[0]
+    if k % parts:
+        raise ValueError(f"--bmm: {parts} does not divide K = {k}")
+    hb = h.view(m, parts, k // parts).transpose(0, 1)
+    wb = wd.view(d, parts, k // parts).permute(1, 2, 0)
+
+    def only():
+        try:
+            return torch.bmm(hb, wb, torch.float32)
+        except RuntimeError as e:  # a torch without bmm's out_dtype on this GPU: say so, stop
+            raise SystemExit(f"torch.bmm(..., out_dtype=torch.float32) failed: {e}") from e
+
+    return only, lambda: only().sum(0).to(h.dtype)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--m", default="128", help="comma-separated token counts")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bmm", default="2,7,8", help="comma-separated split counts of the bmm forms")
     args = ap.parse_args()
     rows = []
     for m in [int(v) for v in args.m.split(",")]:
-        _, _, _, wd = swiglu_operands(m=m)
+        x, wg, _, wd = swiglu_operands(m=m)
         h = torch.randn(m, wd.shape[1], device="cuda", dtype=torch.bfloat16)
         hT = h.t().contiguous()
         forms = {
@@ -52,10 +79,18 @@ def main() -> None:
             "swap_hT": lambda: torch.mm(wd, hT),
             "swap_copy": lambda: torch.mm(wd, h.t()).t().contiguous(),
         }
+        for parts in [int(v) for v in args.bmm.split(",") if v]:
+            forms[f"bmm_{parts}_only"], forms[f"bmm_{parts}"] = split_k_forms(h, wd, parts)
+        forms["gate_linear"] = lambda: F.linear(x, wg)
         ref = forms["linear"]().float()
         errs = {}
         for n, f in forms.items():
             y = f()
+            if n.endswith("_only"):
+                y = y.sum(0)
+            elif n == "gate_linear":
+                errs[n] = float("nan")
+                continue
             errs[n] = rel_err(y.t() if n in ("swap", "swap_hT") else y, ref)
         replays = {n: graphed(f) for n, f in forms.items()}
         kernels = {}

@@ -18,13 +18,16 @@ Forms (each a CUDA graph, timed by events around replays, the forms interleaved 
 replay, L2 evicted before each by a 256 MiB fill, as the benchmarks do, or by a read):
   cublas_down       F.linear(h, W_down)
   proxy_down_S      the proxy, S in --splits (S = 1: one launch, the whole K)
+  proxy_down_S_contig  the same on packed copies of the K slices (--contig; session 35): is it
+                    the slicing of W_down's 28 KB rows that slows the pattern?
   proxy_down_8_seq  the 8 launches on one stream (if the side-by-side form is not much faster,
                     the launches did not run together)
   op                fused_mlp.gated_mlp (our gate/up kernel, then cuBLAS's down GEMM)
   gate_up_proxy     our gate/up kernel, then the 8-way proxy: what the MLP would take with a
                     down GEMM streaming like the proxy, before its reduction
 
-    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/down_stream_proxy.py [--out F]
+    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/down_stream_proxy.py
+        [--splits 1,4,8] [--contig 8] [--out F]
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--m", type=int, default=128)
     ap.add_argument("--splits", default="1,4,8")
+    ap.add_argument("--contig", default="", help="comma-separated splits also timed on packed K slices")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
@@ -58,14 +62,20 @@ def main() -> None:
     h = torch.randn(m, hid, **bf)
     half = d // 2
 
-    def proxy(splits: int, side_by_side: bool = True):
+    def proxy(splits: int, side_by_side: bool = True, contig: bool = False):
         ks = hid // splits
         streams = [torch.cuda.Stream() for _ in range(splits)]
         outs = [torch.empty(m, half, **bf) for _ in range(splits)]
+        # contig: each launch reads a packed copy of its K slice (rows of ks elements, back to
+        # back) instead of a column slice of W_down (rows 28 KB apart): the same bytes, the
+        # weight's row stride taken out.
+        slices = [wd[:, s * ks:(s + 1) * ks] for s in range(splits)]
+        if contig:
+            slices = [w.contiguous() for w in slices]
 
         def launch(s: int) -> None:
             k0 = s * ks
-            ops.gated_gemm_sm90(outs[s], h[:, k0:k0 + ks], wd[:half, k0:k0 + ks], wd[half:, k0:k0 + ks],
+            ops.gated_gemm_sm90(outs[s], h[:, k0:k0 + ks], slices[s][:half], slices[s][half:],
                                 None, None, None, act, 128)
 
         def call() -> None:
@@ -92,6 +102,8 @@ def main() -> None:
     forms = {"cublas_down": lambda: F.linear(h, wd)}
     for s in [int(v) for v in args.splits.split(",")]:
         forms[f"proxy_down_{s}"] = proxy(s)
+    for s in [int(v) for v in args.contig.split(",") if v]:
+        forms[f"proxy_down_{s}_contig"] = proxy(s, contig=True)
     forms["proxy_down_8_seq"] = proxy(8, side_by_side=False)
     forms["op"] = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")
     forms["gate_up_proxy"] = gate_up_proxy
