@@ -3,8 +3,9 @@
     gated_linear:  h = act(x @ Wg^T + bg) * (x @ Wu^T + bu)   (one pass over x, two accumulators)
     linear_act:    h = act(x @ W^T + b)                         (W as nn.Linear [N, K] or Conv1D [K, N])
 
-The second GEMM of the block (the down / proj projection) is cuBLAS (F.linear);
-see gated_mlp / mlp at the bottom.
+The second GEMM of the block (the down / proj projection) is cuBLAS: F.linear, or for few
+tokens and large weights a K split by hand (a batched cuBLAS GEMM and _sum_parts_kernel)
+where that measures faster; see down_linear near the bottom.
 
 The same tile loop serves the backward pass (triton_backward.py runs it), through
 compile-time flags of the epilogue:
@@ -1151,19 +1152,145 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
     return out
 
 
+# ---- the block's second GEMM (down / proj projection) -------------------------------
+# F.linear (cuBLAS) by default. For few tokens and a weight that cannot stay in L2 (at least
+# twice its size, so the GEMM streams it from DRAM), one more candidate each: K split by hand
+# into S parts (S = 2 or 4), one strided-batched cuBLAS GEMM over views of h and W (no
+# copies) writing S fp32 partial sums, then _sum_parts_kernel adds them (and the bias), rounds
+# once and stores, launched with a programmatic edge on sm_90 (its CTAs wait in
+# griddepcontrol.wait, not behind the launch). Where cuBLAS's own heuristic splits K, its reduce
+# kernel costs ~3.4 us at SwiGLU M 128 where ours costs ~2; elsewhere its choice of split is
+# not the fastest (e.g. Llama-3-8B's down GEMM at M 192: 46.9 us against 39.4 split in two;
+# results/down_split_sweep_h200_session35.*), and at M 512 it is the fastest. So the forms
+# are timed against each other on the first call of a shape bucket (M rounded up to a multiple
+# of 32, N, K, dtype, device, bias, layout), like cuBLASLt's epilogue above; untimed
+# (FUSED_MLP_AUTOTUNE=0, or during a CUDA-graph capture before any timing) it is F.linear.
+# FUSED_MLP_DOWN_SPLIT: "auto" (the default, timed), "0" (always F.linear), "2" / "4" (that
+# split wherever it applies: for tests and A/Bs).
+_SPLIT_PARTS = (2, 4)
+_SPLIT_MAX_M = 512
+# A split form is kept only if it is at least this much faster than F.linear when timed.
+_SPLIT_MIN_GAIN = 0.01
+# (M bucket, N, K, dtype, device, bias, weight K-contiguous) -> parts (1: F.linear)
+_DOWN_CHOICE: dict[tuple, int] = {}
+_SUM_BLOCK = 1024
+
+
+@triton.jit
+def _sum_parts_kernel(p_ptr, b_ptr, y_ptr, numel, N, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr, WAIT: tl.constexpr):
+    """y = sum_i p[i] (+ bias[col]) rounded to y's dtype; p [PARTS, M, N] fp32, y [M, N]."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    if WAIT:
+        tl.extra.cuda.gdc_wait()  # p is the previous kernel's output (programmatic edge)
+    acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    for i in tl.static_range(1, PARTS):
+        acc += tl.load(p_ptr + i * numel + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def sum_parts(parts: Tensor, bias: Optional[Tensor], out: Tensor, pdl: bool = False) -> Tensor:
+    """out = parts.sum(0) (+ bias) in fp32, rounded once; parts [S, M, N] fp32 contiguous, out
+    [M, N] contiguous, bias [N] or None. pdl: launched with a programmatic edge (sm_90+)."""
+    s, m, n = parts.shape
+    numel = m * n
+    if numel == 0:
+        return out
+    bias = _unit_stride(bias)
+    extra = {"launch_pdl": True} if pdl else {}
+    with _on_device(out):
+        _sum_parts_kernel[(triton.cdiv(numel, _SUM_BLOCK),)](
+            parts, parts if bias is None else bias, out, numel, n, PARTS=s, HAS_BIAS=bias is not None,
+            BLOCK=_SUM_BLOCK, WAIT=pdl, **extra)
+    return out
+
+
+def split_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor], parts: int) -> Tensor:
+    """h W^T + b with K split into `parts`: one batched GEMM over views of h [M, K] and W [N, K]
+    (any two strides, one of them 1) with fp32 partial sums, then sum_parts. CUDA, 16-bit."""
+    m, k = h.shape
+    n = weight.shape[0]
+    hb = h.view(m, parts, k // parts).transpose(0, 1)
+    wb = weight.view(n, parts, k // parts).permute(1, 2, 0)
+    p = torch.empty((parts, m, n), device=h.device, dtype=torch.float32)
+    torch.bmm(hb, wb, torch.float32, out=p)
+    out = torch.empty((m, n), device=h.device, dtype=h.dtype)
+    return sum_parts(p, bias, out, pdl=True)
+
+
+def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple:
+    """The split counts split_linear may take for these tensors (empty: F.linear only): CUDA
+    sm_90+, 16-bit, 0 < M <= 512, h contiguous, W [N, K] with one unit stride and 16-byte
+    aligned rows / columns, W at least twice the L2's size, K / S a multiple of 8."""
+    if (INTERPRETED or h.device.type != "cuda" or h.dtype not in (torch.float16, torch.bfloat16)
+            or weight.dtype != h.dtype or h.dim() != 2 or weight.dim() != 2 or not h.is_contiguous()
+            or (bias is not None and (bias.dtype != h.dtype or bias.dim() != 1))):
+        return ()
+    m, k = h.shape
+    n = weight.shape[0]
+    if not 0 < m <= _SPLIT_MAX_M or weight.shape[1] != k or h.data_ptr() % 16 or weight.data_ptr() % 16:
+        return ()
+    ws = weight.stride()
+    if not ((ws[1] == 1 and ws[0] % 8 == 0) or (ws[0] == 1 and ws[1] % 8 == 0)):
+        return ()
+    dev = h.get_device()
+    if torch.cuda.get_device_capability(dev) < (9, 0):
+        return ()
+    if n * k * weight.element_size() < 2 * torch.cuda.get_device_properties(dev).L2_cache_size:
+        return ()
+    return tuple(s for s in _SPLIT_PARTS if k % (8 * s) == 0)
+
+
+def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
+    """How down_linear computes h W^T + b: 1 (F.linear) or the split count (see above)."""
+    mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "auto").strip().lower()
+    if mode not in ("auto", "0", "1", "off", "false", "no") + tuple(str(s) for s in _SPLIT_PARTS):
+        raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be auto, 0 (off), 2 or 4, got {mode!r}")
+    allowed = split_parts_allowed(h, weight, bias)
+    if not allowed or mode in ("0", "1", "off", "false", "no"):
+        return 1
+    if mode != "auto":
+        return int(mode) if int(mode) in allowed else 1
+    m, k = h.shape
+    key = ((m + 31) // 32, weight.shape[0], k, h.dtype, _device_key(h.get_device()), bias is not None,
+           weight.stride(1) == 1)
+    chosen = _DOWN_CHOICE.get(key)
+    if chosen is not None:
+        return chosen if chosen in allowed else 1
+    if not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
+        return 1  # not cached: a later, uncaptured call still times the forms
+    with _on_device(h):
+        base = _time_ms(lambda: F.linear(h, weight, bias))
+        times = {s: _time_ms(lambda s=s: split_linear(h, weight, bias, s)) for s in allowed}
+    best = min(times, key=times.get)
+    chosen = best if times[best] < (1.0 - _SPLIT_MIN_GAIN) * base else 1
+    _DOWN_CHOICE[key] = chosen
+    return chosen
+
+
+def down_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """The block's second GEMM, h W^T + b (weight [N, K], any strides): F.linear or split_linear,
+    whichever down_parts picks."""
+    parts = down_parts(h, weight, bias)
+    return F.linear(h, weight, bias) if parts == 1 else split_linear(h, weight, bias, parts)
+
+
 def gated_mlp(x, gate_weight, up_weight, down_weight, activation_id, gate_bias, up_bias, down_bias):
-    """The whole gated MLP: fused gate/up kernel, then cuBLAS for the down projection."""
+    """The whole gated MLP: fused gate/up kernel, then the down projection (down_linear)."""
     h = gated_linear(x, gate_weight, up_weight, gate_bias, up_bias, activation_id)
-    return F.linear(h, down_weight, down_bias)
+    return down_linear(h, down_weight, down_bias)
 
 
 def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, weight_layout):
     """The whole plain MLP: GEMM + bias + activation (our kernel or cuBLASLt's epilogue,
-    see linear_act), then cuBLAS (+bias)."""
+    see linear_act), then the projection (down_linear, +bias)."""
     h = linear_act(x, fc_weight, fc_bias, activation_id, weight_layout)
     if weight_layout == "conv1d":
         proj_weight = proj_weight.t()  # a view: cuBLAS reads the [K, N] weight transposed
-    return F.linear(h, proj_weight, proj_bias)
+    return down_linear(h, proj_weight, proj_bias)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,239 @@
+"""The block's second GEMM (triton_gemm.down_linear): F.linear, or K split by hand (a batched
+cuBLAS GEMM with fp32 partial sums, then _sum_parts_kernel) where that measures faster.
+
+CPU (always): the reduction kernel under Triton's interpreter, the switch's validation, and that
+CPU / small / fp32 problems never take the split form.
+GPU (@pytest.mark.gpu, sm_90): split_linear against float64 on awkward shapes and both weight
+layouts, the ops with the split forced, the timed choice and its cache, CUDA-graph capture (with
+the programmatic edge inside the graph) and torch.compile(fullgraph=True).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import poison_like, rel_err, spy
+
+TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture
+def tg(fused_mlp):
+    pytest.importorskip("triton")
+    return importlib.import_module(fused_mlp.__name__ + ".triton_gemm")
+
+
+def _rand(*shape, dtype=torch.float32, device="cpu", scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_sum_parts_interpreted(tg, parts, out_dtype, bias):
+    """The reduction on odd sizes (M x N not a multiple of its block): fp32 sum of the parts plus
+    the bias, rounded once to the output's dtype."""
+    it = tg.interpreted_module()
+    m, n = 3, 347
+    p = _rand(parts, m, n, seed=parts)
+    b = _rand(n, dtype=out_dtype, seed=7) if bias else None
+    out = poison_like(torch.empty(m, n, dtype=out_dtype))
+    it.sum_parts(p, b, out)
+    ref = p.double().sum(0) + (b.double() if bias else 0.0)
+    assert rel_err(out, ref) < (1e-6 if out_dtype == torch.float32 else 1e-3)
+    # the sum itself, not a single part: dropping any part would be far off
+    assert rel_err(p[0].double(), ref) > 0.1
+
+
+def test_switch_is_validated(tg, monkeypatch):
+    h, w = torch.zeros(2, 16), torch.zeros(4, 16)
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "3")
+    with pytest.raises(ValueError, match="FUSED_MLP_DOWN_SPLIT"):
+        tg.down_parts(h, w, None)
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "2")
+    assert tg.down_parts(h, w, None) == 1  # CPU: F.linear, whatever the switch says
+    assert tg.split_parts_allowed(h, w, None) == ()
+
+
+def test_interpreted_ops_reject_a_bad_switch(fused_mlp, monkeypatch):
+    """The switch is read by the Triton path's down projection: a bad value is a clear error
+    there too (here through the interpreter on CPU tensors)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "many")
+    x, wg, wu, wd = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16, 8), torch.randn(8, 16)
+    with pytest.raises(ValueError, match="FUSED_MLP_DOWN_SPLIT"):
+        fused_mlp.gated_mlp(x, wg, wu, wd, "silu")
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "off")
+    y = fused_mlp.gated_mlp(x, wg, wu, wd, "silu")
+    assert rel_err(y, fused_mlp.reference.gated_mlp(x.double(), wg.double(), wu.double(), wd.double(), "silu")) < 1e-5
+
+
+# ----------------------------------------------------------------------------- GPU
+
+# A down weight just over twice the H200's L2 (50 MiB): 3000 x 17408 bf16 is 104 MB. Small
+# gate/up weights (D = 64) keep the first GEMM cheap.
+BIG_O, BIG_H, SMALL_D = 3000, 17408, 64
+
+
+@pytest.fixture
+def gpu_tg(tg, fused_mlp, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the split form is offered on sm_90+ only (measured on the H200)")
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
+    monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
+    return tg
+
+
+def _exact(h, w, b):
+    y = h.double().cpu() @ w.double().cpu().t()
+    return y + b.double().cpu() if b is not None else y
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,n,k", [(1, 7, 64), (5, 130, 256), (77, 1000, 2048), (512, 4096, 14336)])
+@pytest.mark.parametrize("layout", ["linear", "conv1d"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_split_linear_matches_float64(gpu_tg, dtype, m, n, k, layout, bias):
+    """Both split counts, on any shape split_linear accepts (it does not check the size rule):
+    within F.linear's own error against float64 (both round an fp32 sum once)."""
+    h = _rand(m, k, dtype=dtype, device="cuda", seed=m)
+    w = _rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, seed=n)
+    if layout == "conv1d":
+        w = w.t().contiguous().t()  # [N, K] view of a [K, N] tensor, as mlp() passes Conv1D's
+    b = _rand(n, dtype=dtype, device="cuda", scale=0.5, seed=3) if bias else None
+    exact = _exact(h, w, b)
+    lin = rel_err(F.linear(h, w, b).cpu(), exact)
+    for parts in (2, 4):
+        y = gpu_tg.split_linear(h, w, b, parts)
+        assert y.dtype == dtype and y.shape == (m, n)
+        err = rel_err(y.cpu(), exact)
+        assert err <= 1.25 * lin + 1e-4, (parts, err, lin)
+
+
+def _big_gated(dtype, m, bias=False):
+    t = dict(x=_rand(m, SMALL_D, dtype=dtype, device="cuda", seed=m),
+             gate_weight=_rand(BIG_H, SMALL_D, dtype=dtype, device="cuda", scale=SMALL_D**-0.5, seed=1),
+             up_weight=_rand(BIG_H, SMALL_D, dtype=dtype, device="cuda", scale=SMALL_D**-0.5, seed=2),
+             down_weight=_rand(BIG_O, BIG_H, dtype=dtype, device="cuda", scale=BIG_H**-0.5, seed=3))
+    t["down_bias"] = _rand(BIG_O, dtype=dtype, device="cuda", scale=0.5, seed=4) if bias else None
+    return t
+
+
+def _ref_gated(fm, t):
+    r = {k: (v.double().cpu() if v is not None else None) for k, v in t.items()}
+    return fm.reference.gated_mlp(r["x"], r["gate_weight"], r["up_weight"], r["down_weight"], "silu",
+                                  None, None, r["down_bias"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", ["2", "4"])
+@pytest.mark.parametrize("m", [1, 77, 512, 513])
+def test_gpu_ops_with_the_split_forced(fused_mlp, gpu_tg, monkeypatch, split, m):
+    """gated_mlp and mlp (both layouts, with biases) with FUSED_MLP_DOWN_SPLIT forcing a split:
+    taken where the rule allows (M <= 512), F.linear above; right either way."""
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", split)
+    calls = spy(monkeypatch, gpu_tg, "split_linear", lambda a: a[3])
+    dtype = torch.bfloat16
+    t = _big_gated(dtype, m, bias=True)
+    y = fused_mlp.gated_mlp(t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu",
+                            down_bias=t["down_bias"])
+    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[dtype]
+    for layout in ("linear", "conv1d"):
+        fc, proj = t["gate_weight"], t["down_weight"]
+        if layout == "conv1d":
+            fc, proj = fc.t().contiguous(), proj.t().contiguous()
+        fc_b = _rand(BIG_H, dtype=dtype, device="cuda", scale=0.5, seed=5)
+        y = fused_mlp.mlp(t["x"], fc, fc_b, proj, t["down_bias"], "gelu_tanh", weight_layout=layout)
+        r = {k: v.double().cpu() for k, v in dict(x=t["x"], fc=fc, fb=fc_b, p=proj, pb=t["down_bias"]).items()}
+        ref = fused_mlp.reference.mlp(r["x"], r["fc"], r["fb"], r["p"], r["pb"], "gelu_tanh", layout)
+        assert rel_err(y.cpu(), ref) < TOL[dtype], layout
+    assert calls == ([int(split)] * 3 if m <= 512 else [])
+
+
+@pytest.mark.gpu
+def test_gpu_split_rule_leaves_the_rest_to_F_linear(gpu_tg, monkeypatch):
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "2")
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    h, w = torch.randn(64, BIG_H, **bf), torch.randn(BIG_O, BIG_H, **bf)
+    assert gpu_tg.down_parts(h, w, None) == 2
+    assert gpu_tg.split_parts_allowed(h, w, None) == (2, 4)
+    assert gpu_tg.down_parts(h, w[:, :BIG_H // 4], None) == 1  # weight under twice the L2
+    assert gpu_tg.down_parts(h.float(), w.float(), None) == 1  # fp32
+    assert gpu_tg.down_parts(h[:, 1:], w[:, 1:], None) == 1  # rows not 16-byte aligned
+    assert gpu_tg.split_parts_allowed(torch.randn(64, 8200, **bf), torch.randn(8000, 8200, **bf), None) == ()
+    assert gpu_tg.split_parts_allowed(torch.randn(64, 8208, **bf), torch.randn(8000, 8208, **bf), None) == (2,)
+
+
+@pytest.mark.gpu
+def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch):
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "auto")
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    t = _big_gated(torch.bfloat16, 100)
+    timed = spy(monkeypatch, gpu_tg, "_time_ms", lambda a: 1)
+    args = (t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu")
+    y = fused_mlp.gated_mlp(*args)
+    n_first = len(timed)
+    assert n_first >= 3  # F.linear and both split counts (and the first GEMM's configs)
+    choices = [v for k, v in gpu_tg._DOWN_CHOICE.items() if k[1:3] == (BIG_O, BIG_H)]
+    assert len(choices) == 1 and choices[0] in (1, 2, 4)
+    y2 = fused_mlp.gated_mlp(*args)  # same bucket (M 97-128): no more timing
+    assert len(timed) == n_first
+    assert torch.equal(y, y2)
+    assert rel_err(y.cpu(), _ref_gated(fused_mlp, dict(t, down_bias=None))) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", ["auto", "2"])
+def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
+    """Captured in a CUDA graph: untimed, "auto" takes F.linear and caches nothing; a forced split
+    runs the batched GEMM and the reduction with its programmatic edge inside the graph. The
+    replay rewrites a poisoned output with the eager result."""
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", split)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    t = _big_gated(torch.bfloat16, 128, bias=True)
+    args = (t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu")
+    kw = dict(down_bias=t["down_bias"])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside the capture: kernels compiled, configs timed
+        eager = fused_mlp.gated_mlp(*args, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    gpu_tg._DOWN_CHOICE.clear()  # as if this bucket had never been timed
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fused_mlp.gated_mlp(*args, **kw)
+    if split == "auto":
+        assert gpu_tg._DOWN_CHOICE == {}
+    y.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.bfloat16]
+    if split != "auto":
+        assert torch.equal(y, eager)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_compile_fullgraph(fused_mlp, gpu_tg, monkeypatch):
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "4")
+    t = _big_gated(torch.float16, 40, bias=True)
+    f = torch.compile(lambda x: fused_mlp.gated_mlp(x, t["gate_weight"], t["up_weight"], t["down_weight"],
+                                                    "silu", down_bias=t["down_bias"]), fullgraph=True)
+    calls = spy(monkeypatch, gpu_tg, "split_linear", lambda a: a[3])
+    y = f(t["x"])
+    assert calls == [4]
+    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.float16]
