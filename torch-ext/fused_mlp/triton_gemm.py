@@ -1153,8 +1153,8 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 
 
 # ---- the block's second GEMM (down / proj projection) -------------------------------
-# F.linear (cuBLAS) by default. For few tokens and a weight that cannot stay in L2 (at least
-# twice its size, so the GEMM streams it from DRAM), one more candidate each: K split by hand
+# F.linear (cuBLAS) by default. For few tokens and a weight larger than the L2 (so that the
+# GEMM streams it from DRAM, in the timing too), more candidates: K split by hand
 # into S parts (S = 2 or 4), one strided-batched cuBLAS GEMM over views of h and W (no
 # copies) writing S fp32 partial sums, then _sum_parts_kernel adds them (and the bias), rounds
 # once and stores, launched with a programmatic edge on sm_90 (its CTAs wait in
@@ -1224,7 +1224,7 @@ def split_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor], parts: int) 
 def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple:
     """The split counts split_linear may take for these tensors (empty: F.linear only): CUDA
     sm_90+, 16-bit, 0 < M <= 512, h contiguous, W [N, K] with one unit stride and 16-byte
-    aligned rows / columns, W at least twice the L2's size, K / S a multiple of 8."""
+    aligned rows / columns, W larger than the L2, K / S a multiple of 8."""
     if (INTERPRETED or h.device.type != "cuda" or h.dtype not in (torch.float16, torch.bfloat16)
             or weight.dtype != h.dtype or h.dim() != 2 or weight.dim() != 2 or not h.is_contiguous()
             or (bias is not None and (bias.dtype != h.dtype or bias.dim() != 1))):
@@ -1239,7 +1239,7 @@ def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tu
     dev = h.get_device()
     if torch.cuda.get_device_capability(dev) < (9, 0):
         return ()
-    if n * k * weight.element_size() < 2 * torch.cuda.get_device_properties(dev).L2_cache_size:
+    if n * k * weight.element_size() <= torch.cuda.get_device_properties(dev).L2_cache_size:
         return ()
     return tuple(s for s in _SPLIT_PARTS if k % (8 * s) == 0)
 
