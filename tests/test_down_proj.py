@@ -122,6 +122,8 @@ def test_gpu_split_linear_matches_float64(gpu_tg, dtype, m, n, k, layout, bias):
         assert y.dtype == dtype and y.shape == (m, n)
         err = rel_err(y.cpu(), exact)
         assert err <= 1.25 * lin + 1e-4, (parts, err, lin)
+        # the second call launches through the kept launcher: the same bits
+        assert torch.equal(gpu_tg.split_linear(h, w, b, parts), y)
 
 
 def _big_gated(dtype, m, bias=False):

@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""What the op's down-projection tuner (triton_gemm.down_parts) times and picks for Llama-3-8B's
+SwiGLU block at the given token counts: F.linear (1) or a K split in 2 / 4 (session 35).
+
+    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/down_choice.py [--m 128,512] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import local_package, swiglu_operands, write_report  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", default="64,128,192,256,384,512")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    fm, tg = local_package("triton_gemm")
+    rows = []
+    for m in [int(v) for v in args.m.split(",")]:
+        x, wg, wu, wd = swiglu_operands(m=m)
+        fm.gated_mlp(x, wg, wu, wd, "silu")
+        for key, ms in tg._DOWN_TIMES.items():
+            if key[0] == (m + 31) // 32 and key[1:3] == tuple(wd.shape):
+                choice = tg._DOWN_CHOICE[key]
+                rows.append({"m": m, "choice": choice, "us": {str(p): t * 1e3 for p, t in ms.items()}})
+                print(f"[down-choice] m {m:4d} picks {choice}  " + "  ".join(f"{p}: {t * 1e3:.1f} us" for p, t in ms.items()),
+                      flush=True)
+    write_report(args.out, rows)
+
+
+if __name__ == "__main__":
+    main()
