@@ -1,8 +1,10 @@
 """The block's second GEMM (triton_gemm.down_linear): F.linear, or K split by hand (a batched
 cuBLAS GEMM with fp32 partial sums, then _sum_parts_kernel) where that measures faster.
 
-CPU (always): the reduction kernel under Triton's interpreter, the switch's validation, and that
-CPU / small / fp32 problems never take the split form.
+The split form is opt-in (FUSED_MLP_DOWN_SPLIT=2 / 4 / auto; the default 0 is F.linear).
+
+CPU (always): the reduction kernel under Triton's interpreter, the switch's validation and modes,
+and that CPU problems never take the split form.
 GPU (@pytest.mark.gpu, sm_90): split_linear against float64 on awkward shapes and both weight
 layouts, the ops with the split forced, the timed choice and its cache, CUDA-graph capture (with
 the programmatic edge inside the graph) and torch.compile(fullgraph=True).
@@ -61,6 +63,31 @@ def test_switch_is_validated(tg, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "2")
     assert tg.down_parts(h, w, None) == 1  # CPU: F.linear, whatever the switch says
     assert tg.split_parts_allowed(h, w, None) == ()
+
+
+def test_switch_modes(tg, monkeypatch):
+    """With the size / device rule faked to allow both splits: off by default, a forced count
+    taken only where allowed, auto untimed (FUSED_MLP_AUTOTUNE=0) is F.linear and caches nothing,
+    a cached choice is reused without timing."""
+    h, w = torch.zeros(40, 64), torch.zeros(8, 64)
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2, 4))
+    monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
+    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
+    assert tg.down_parts(h, w, None) == 1
+    for mode, parts in (("0", 1), ("off", 1), ("2", 2), ("4", 4)):
+        monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", mode)
+        assert tg.down_parts(h, w, None) == parts, mode
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2,))
+    assert tg.down_parts(h, w, None) == 1  # "4" where only 2 is allowed
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "auto")
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
+    monkeypatch.setattr(tg, "_time_ms", lambda fn: pytest.fail("timed while FUSED_MLP_AUTOTUNE=0"))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    assert tg.down_parts(h, w, None) == 1 and tg._DOWN_CHOICE == {}
+    key = ((40 + 31) // 32, 8, 64, h.dtype, ("fake", (9, 0)), False, True)
+    tg._DOWN_CHOICE[key] = 2
+    assert tg.down_parts(h, w, None) == 2
 
 
 def test_interpreted_ops_reject_a_bad_switch(fused_mlp, monkeypatch):

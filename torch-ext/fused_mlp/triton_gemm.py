@@ -3,9 +3,9 @@
     gated_linear:  h = act(x @ Wg^T + bg) * (x @ Wu^T + bu)   (one pass over x, two accumulators)
     linear_act:    h = act(x @ W^T + b)                         (W as nn.Linear [N, K] or Conv1D [K, N])
 
-The second GEMM of the block (the down / proj projection) is cuBLAS: F.linear, or for few
-tokens and large weights a K split by hand (a batched cuBLAS GEMM and _sum_parts_kernel)
-where that measures faster; see down_linear near the bottom.
+The second GEMM of the block (the down / proj projection) is cuBLAS: F.linear, or (opt-in,
+FUSED_MLP_DOWN_SPLIT) for few tokens and large weights a K split by hand (a batched cuBLAS
+GEMM and _sum_parts_kernel); see down_linear near the bottom.
 
 The same tile loop serves the backward pass (triton_backward.py runs it), through
 compile-time flags of the epilogue:
@@ -1153,20 +1153,23 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 
 
 # ---- the block's second GEMM (down / proj projection) -------------------------------
-# F.linear (cuBLAS) by default. For few tokens and a weight larger than the L2 (so that the
-# GEMM streams it from DRAM, in the timing too), more candidates: K split by hand
-# into S parts (S = 2 or 4), one strided-batched cuBLAS GEMM over views of h and W (no
-# copies) writing S fp32 partial sums, then _sum_parts_kernel adds them (and the bias), rounds
-# once and stores, launched with a programmatic edge on sm_90 (its CTAs wait in
-# griddepcontrol.wait, not behind the launch). Where cuBLAS's own heuristic splits K, its reduce
-# kernel costs ~3.4 us at SwiGLU M 128 where ours costs ~2; elsewhere its choice of split is
-# not the fastest (e.g. Llama-3-8B's down GEMM at M 192: 46.9 us against 39.4 split in two;
-# results/down_split_sweep_h200_session35.*), and at M 512 it is the fastest. So the forms
-# are timed against each other on the first call of a shape bucket (M rounded up to a multiple
-# of 32, N, K, dtype, device, bias, layout), like cuBLASLt's epilogue above; untimed
-# (FUSED_MLP_AUTOTUNE=0, or during a CUDA-graph capture before any timing) it is F.linear.
-# FUSED_MLP_DOWN_SPLIT: "auto" (the default, timed), "0" (always F.linear), "2" / "4" (that
-# split wherever it applies: for tests and A/Bs).
+# F.linear (cuBLAS). Opt-in (FUSED_MLP_DOWN_SPLIT, below), for few tokens and a weight larger
+# than the L2 (the GEMM streams it from DRAM): K split by hand into S parts (S = 2 or 4), one
+# strided-batched cuBLAS GEMM over views of h and W (no copies) writing S fp32 partial sums,
+# then _sum_parts_kernel adds them (and the bias), rounds once and stores, launched with a
+# programmatic edge on sm_90 (its CTAs wait in griddepcontrol.wait, not behind the launch).
+# As CUDA graphs on the H200 (results/down_split_sweep_h200_session35.*,
+# down_bmm_split_h200_session35.*): where cuBLAS's heuristic splits K itself, its reduce kernel
+# costs ~3.4 us at SwiGLU M 128 and ours ~2 (the MLP 1.3 us faster); at some token counts its
+# choice of split is not the fastest (Llama-3-8B's down GEMM at M 192: 46.9 us, 39.4 split in
+# two); at M 512 it is the fastest.
+# FUSED_MLP_DOWN_SPLIT: "0" (the default: F.linear), "2" / "4" (that split wherever the rule
+# above allows it), "auto" (F.linear and both splits timed on the first call of a shape bucket:
+# M rounded up to a multiple of 32, N, K, dtype, device, bias, layout; F.linear when untimed,
+# i.e. FUSED_MLP_AUTOTUNE=0 or a CUDA-graph capture before any timing). Not the default because
+# that timing (_time_ms: eager calls back to back) is host-bound for the split form on the H200
+# machine's CPU (M 128: 65 us against F.linear's 38) and so picks F.linear where the GPU time
+# says otherwise (benchmarks/NOTES.md, session 35).
 _SPLIT_PARTS = (2, 4)
 _SPLIT_MAX_M = 512
 # A split form is kept only if it is at least this much faster than F.linear when timed.
@@ -1268,9 +1271,9 @@ def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tu
 
 def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
     """How down_linear computes h W^T + b: 1 (F.linear) or the split count (see above)."""
-    mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "auto").strip().lower()
+    mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "0").strip().lower()
     if mode not in ("auto", "0", "1", "off", "false", "no") + tuple(str(s) for s in _SPLIT_PARTS):
-        raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be auto, 0 (off), 2 or 4, got {mode!r}")
+        raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be 0 (off, the default), 2, 4 or auto, got {mode!r}")
     allowed = split_parts_allowed(h, weight, bias)
     if not allowed or mode in ("0", "1", "off", "false", "no"):
         return 1
