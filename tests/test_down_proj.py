@@ -70,10 +70,11 @@ def test_switch_modes(tg, monkeypatch):
     taken only where allowed, auto untimed (FUSED_MLP_AUTOTUNE=0) is F.linear and caches nothing,
     a cached choice is reused without timing."""
     h, w = torch.zeros(40, 64), torch.zeros(8, 64)
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked while off"))
+    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
+    assert tg.down_parts(h, w, None) == 1  # off by default, without looking at the tensors
     monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2, 4))
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
-    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
-    assert tg.down_parts(h, w, None) == 1
     for mode, parts in (("0", 1), ("off", 1), ("2", 2), ("4", 4)):
         monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", mode)
         assert tg.down_parts(h, w, None) == parts, mode

@@ -1274,8 +1274,10 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
     mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "0").strip().lower()
     if mode not in ("auto", "0", "1", "off", "false", "no") + tuple(str(s) for s in _SPLIT_PARTS):
         raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be 0 (off, the default), 2, 4 or auto, got {mode!r}")
+    if mode in ("0", "1", "off", "false", "no"):
+        return 1  # the default: no further host work on the call
     allowed = split_parts_allowed(h, weight, bias)
-    if not allowed or mode in ("0", "1", "off", "false", "no"):
+    if not allowed:
         return 1
     if mode != "auto":
         return int(mode) if int(mode) in allowed else 1
