@@ -16,8 +16,9 @@ times them alternately (triton do_bench median, L2 flushed between replays) for 
 --env NAME does the same A/B for another on / off switch the ops read at each call, e.g.
 FUSED_MLP_SM90_NARROW_DH (the narrow gated dh kind, session 12); "on" is the default (the
 variable unset), "off" NAME=0, or NAME=V with --off-value V (e.g. FUSED_MLP_SM90_GROUP_M=16,
-session 15). Results may then differ in the last bit (different tiles), so only the hints A/B
-fails on a difference.
+session 15); --on-value V sets NAME=V on the "on" side instead of unsetting it (e.g.
+FUSED_MLP_DOWN_SPLIT=auto, whose default is off). Results may then differ in the last bit
+(different tiles), so only the hints A/B fails on a difference.
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="JSON results")
     p.add_argument("--env", default=ENV, help="the switch to A/B (default: the cache hints)")
     p.add_argument("--off-value", default="0", help="the value the 'off' side sets (default 0)")
+    p.add_argument("--on-value", default=None,
+                   help="the value the 'on' side sets (default: the variable unset), e.g. auto for "
+                        "FUSED_MLP_DOWN_SPLIT, whose default is off")
     a = p.parse_args()
     fm, = local_package()
     rows = []
@@ -95,8 +99,10 @@ def main() -> None:
         call = make_call(fm, *spec)
         replays, outs = {}, {}
         for hints in ("1", "0"):
-            if hints == "1":
+            if hints == "1" and a.on_value is None:
                 os.environ.pop(a.env, None)
+            elif hints == "1":
+                os.environ[a.env] = a.on_value
             else:
                 os.environ[a.env] = a.off_value
             holder = {}
@@ -122,7 +128,7 @@ def main() -> None:
               flush=True)
         del replays, outs, call
         torch.cuda.empty_cache()
-    write_report(a.out, rows, switch=a.env, off_value=a.off_value)
+    write_report(a.out, rows, switch=a.env, off_value=a.off_value, on_value=a.on_value)
     if a.env == ENV and not all(r["bit_identical"] for r in rows):
         raise SystemExit("[hints] results differ with and without the hints")
 

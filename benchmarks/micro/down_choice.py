@@ -8,6 +8,7 @@ SwiGLU block at the given token counts: F.linear (1) or a K split in 2 / 4 (sess
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ def main() -> None:
     ap.add_argument("--m", default="64,128,192,256,384,512")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    os.environ["FUSED_MLP_DOWN_SPLIT"] = "auto"  # the default (0) times nothing
     fm, tg = local_package("triton_gemm")
     rows = []
     for m in [int(v) for v in args.m.split(",")]:
