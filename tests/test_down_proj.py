@@ -203,7 +203,7 @@ def test_gpu_split_rule_leaves_the_rest_to_F_linear(gpu_tg, monkeypatch):
     assert gpu_tg.split_parts_allowed(h, w, None) == (2, 4)
     assert gpu_tg.down_parts(h[:, :BIG_H // 4].contiguous(), w[:, :BIG_H // 4], None) == 1  # 26 MB: fits L2
     assert gpu_tg.down_parts(h.float(), w.float(), None) == 1  # fp32
-    assert gpu_tg.down_parts(h[:, 1:], w[:, 1:], None) == 1  # rows not 16-byte aligned
+    assert gpu_tg.down_parts(h[:, 1:], w[:, 1:], None) == 1  # h not contiguous
     assert gpu_tg.split_parts_allowed(torch.randn(64, 8200, **bf), torch.randn(8000, 8200, **bf), None) == ()
     assert gpu_tg.split_parts_allowed(torch.randn(64, 8208, **bf), torch.randn(8000, 8208, **bf), None) == (2,)
 

@@ -826,8 +826,12 @@ def _device_key(index: int) -> tuple:
     return (torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index))
 
 
+# The values that turn an on / off switch off.
+_OFF_VALUES = ("0", "false", "no", "off")
+
+
 def _env_flag(name: str, default: str = "1") -> bool:
-    return os.environ.get(name, default).lower() not in ("0", "false", "no", "off")
+    return os.environ.get(name, default).lower() not in _OFF_VALUES
 
 
 def _autotune_enabled() -> bool:
@@ -1160,9 +1164,9 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 # programmatic edge on sm_90 (its CTAs wait in griddepcontrol.wait, not behind the launch).
 # As CUDA graphs on the H200 (results/down_split_sweep_h200_session35.*,
 # down_bmm_split_h200_session35.*): where cuBLAS's heuristic splits K itself, its reduce kernel
-# costs ~3.4 us at SwiGLU M 128 and ours ~2 (the MLP 1.3 us faster); at some token counts its
-# choice of split is not the fastest (Llama-3-8B's down GEMM at M 192: 46.9 us, 39.4 split in
-# two); at M 512 it is the fastest.
+# costs ~3.4 us at SwiGLU M 128 and ours ~2 (the MLP 1.3 us faster); at some token counts
+# F.linear is much slower than a split (its kernels not listed; Llama-3-8B's down GEMM at
+# M 192: 46.9 us, 39.4 split in two); at M 512 it is the fastest.
 # FUSED_MLP_DOWN_SPLIT: "0" (the default: F.linear), "2" / "4" (that split wherever the rule
 # above allows it), "auto" (F.linear and both splits timed on the first call of a shape bucket:
 # M rounded up to a multiple of 32, N, K, dtype, device, bias, layout; F.linear when untimed,
@@ -1272,9 +1276,10 @@ def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tu
 def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
     """How down_linear computes h W^T + b: 1 (F.linear) or the split count (see above)."""
     mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "0").strip().lower()
-    if mode not in ("auto", "0", "1", "off", "false", "no") + tuple(str(s) for s in _SPLIT_PARTS):
+    off = mode in _OFF_VALUES or mode == "1"  # "1": one part, i.e. F.linear
+    if not off and mode != "auto" and mode not in tuple(str(s) for s in _SPLIT_PARTS):
         raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be 0 (off, the default), 2, 4 or auto, got {mode!r}")
-    if mode in ("0", "1", "off", "false", "no"):
+    if off:
         return 1  # the default: no further host work on the call
     allowed = split_parts_allowed(h, weight, bias)
     if not allowed:
