@@ -70,6 +70,7 @@ import functools
 import importlib.util
 import os
 import sys
+import time
 from typing import NamedTuple, Optional
 
 import torch
@@ -1170,10 +1171,11 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 # FUSED_MLP_DOWN_SPLIT: "0" (the default: F.linear), "2" / "4" (that split wherever the rule
 # above allows it), "auto" (F.linear and both splits timed on the first call of a shape bucket:
 # M rounded up to a multiple of 32, N, K, dtype, device, bias, layout; F.linear when untimed,
-# i.e. FUSED_MLP_AUTOTUNE=0 or a CUDA-graph capture before any timing). Not the default because
-# that timing (_time_ms: eager calls back to back) is host-bound for the split form on the H200
-# machine's CPU (M 128: 65 us against F.linear's 38) and so picks F.linear where the GPU time
-# says otherwise (benchmarks/NOTES.md, session 35).
+# i.e. FUSED_MLP_AUTOTUNE=0 or a CUDA-graph capture before any timing). The forms are timed by
+# GPU time (_device_time_ms: the calls queued behind a sleeping kernel): session 35 timed them
+# as eager calls back to back (_time_ms), which on the H200 machine's CPU is host-bound for the
+# split form (M 128: 65 us against F.linear's 38, as graphs 37 against 39) and picked F.linear.
+# UNMEASURED on this branch: see benchmarks/NOTES.md, plan at the end of session 35.
 _SPLIT_PARTS = (2, 4)
 _SPLIT_MAX_M = 512
 # A split form is kept only if it is at least this much faster than F.linear when timed.
@@ -1273,6 +1275,28 @@ def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tu
     return tuple(s for s in _SPLIT_PARTS if k % (8 * s) == 0)
 
 
+def _device_time_ms(fn, reps: int = 20) -> float:
+    """GPU time per call of fn (ms), the host's launch time hidden: the timed calls are enqueued
+    behind a sleeping kernel that lasts longer than their enqueueing took (measured on a first
+    pass), so the GPU runs them back to back as it would a graph's or a GPU-bound server's."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # cycles at 2 GHz (above the H100 / H200 boost clock: a slower clock only sleeps longer)
+    torch.cuda._sleep(int(min(1.5 * host_s * 2e9 + 2e5, 2**40)))
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
     """How down_linear computes h W^T + b: 1 (F.linear) or the split count (see above)."""
     mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "0").strip().lower()
@@ -1294,9 +1318,16 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
         return chosen if chosen in allowed else 1
     if not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
         return 1  # not cached: a later, uncaptured call still times the forms
+    forms = {1: lambda: F.linear(h, weight, bias)}
+    forms.update({s: (lambda s=s: split_linear(h, weight, bias, s)) for s in allowed})
+    rounds: dict = {p: [] for p in forms}
     with _on_device(h):
-        base = _time_ms(lambda: F.linear(h, weight, bias))
-        times = {s: _time_ms(lambda s=s: split_linear(h, weight, bias, s)) for s in allowed}
+        for _ in range(3):  # interleaved rounds, median
+            for p, fn in forms.items():
+                rounds[p].append(_device_time_ms(fn))
+    med = {p: sorted(v)[1] for p, v in rounds.items()}
+    base = med.pop(1)
+    times = med
     best = min(times, key=times.get)
     chosen = best if times[best] < (1.0 - _SPLIT_MIN_GAIN) * base else 1
     _DOWN_CHOICE[key] = chosen
