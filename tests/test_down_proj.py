@@ -1,7 +1,8 @@
 """The block's second GEMM (triton_gemm.down_linear): F.linear, or K split by hand (a batched
 cuBLAS GEMM with fp32 partial sums, then _sum_parts_kernel) where that measures faster.
 
-The split form is opt-in (FUSED_MLP_DOWN_SPLIT=2 / 4 / auto; the default 0 is F.linear).
+FUSED_MLP_DOWN_SPLIT: "graphs" (the default: the timed choice in CUDA-graph captures, F.linear in
+eager calls), "auto" (the timed choice everywhere), "2" / "4" (forced where allowed), "0" (F.linear).
 
 CPU (always): the reduction kernel under Triton's interpreter, the switch's validation and modes,
 and that CPU problems never take the split form.
@@ -12,6 +13,7 @@ the programmatic edge inside the graph) and torch.compile(fullgraph=True).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import pytest
@@ -66,13 +68,14 @@ def test_switch_is_validated(tg, monkeypatch):
 
 
 def test_switch_modes(tg, monkeypatch):
-    """With the size / device rule faked to allow both splits: off by default, a forced count
-    taken only where allowed, auto untimed (FUSED_MLP_AUTOTUNE=0) is F.linear and caches nothing,
-    a cached choice is reused without timing."""
+    """With the size / device rule faked to allow both splits: "0" never looks at the tensors, a
+    forced count is taken only where allowed, an untimed bucket (FUSED_MLP_AUTOTUNE=0) is F.linear
+    and caches nothing, a cached choice is reused without timing: by "auto" in every call, by
+    "graphs" (the default) only in a capture."""
     h, w = torch.zeros(40, 64), torch.zeros(8, 64)
     monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked while off"))
-    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
-    assert tg.down_parts(h, w, None) == 1  # off by default, without looking at the tensors
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "0")
+    assert tg.down_parts(h, w, None) == 1
     monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2, 4))
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
     for mode, parts in (("0", 1), ("off", 1), ("2", 2), ("4", 4)):
@@ -80,14 +83,53 @@ def test_switch_modes(tg, monkeypatch):
         assert tg.down_parts(h, w, None) == parts, mode
     monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2,))
     assert tg.down_parts(h, w, None) == 1  # "4" where only 2 is allowed
-    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "auto")
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
     monkeypatch.setattr(tg, "_device_time_ms", lambda fn: pytest.fail("timed while FUSED_MLP_AUTOTUNE=0"))
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
-    assert tg.down_parts(h, w, None) == 1 and tg._DOWN_CHOICE == {}
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     key = ((40 + 31) // 32, 8, 64, h.dtype, ("fake", (9, 0)), False, True)
-    tg._DOWN_CHOICE[key] = 2
+    for mode in ("auto", "graphs", None):  # None: unset, the default
+        if mode is None:
+            monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT")
+        else:
+            monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", mode)
+        tg._DOWN_CHOICE.clear()
+        for capturing[0] in (False, True):
+            assert tg.down_parts(h, w, None) == 1 and tg._DOWN_CHOICE == {}, (mode, capturing)
+        tg._DOWN_CHOICE[key] = 2
+        capturing[0] = False
+        assert tg.down_parts(h, w, None) == (2 if mode == "auto" else 1), mode
+        capturing[0] = True
+        assert tg.down_parts(h, w, None) == 2, mode
+        tg._DOWN_CHOICE[key] = 4  # a cached count the rule no longer allows
+        assert tg.down_parts(h, w, None) == 1, mode
+
+
+def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch):
+    """The default mode times the forms on an eager call (fake timings: split 2 fastest), caches
+    the choice, still returns F.linear there, and the capture then takes the split."""
+    h, w = torch.zeros(40, 64), torch.zeros(8, 64)
+    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2, 4))
+    monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
+    monkeypatch.setattr(tg, "_DOWN_TIMES", {})
+    monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(tg, "_on_device", lambda t: contextlib.nullcontext())
+    # the forms' callables are timed in the order F.linear, 2, 4 (x 3 rounds)
+    fake = iter([1.0, 0.9, 0.95] * 3)
+    timed = []
+    monkeypatch.setattr(tg, "_device_time_ms", lambda fn: timed.append(fn) or next(fake))
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    assert tg.down_parts(h, w, None) == 1 and len(timed) == 9
+    assert list(tg._DOWN_CHOICE.values()) == [2]
+    assert list(tg._DOWN_TIMES.values()) == [{1: 1.0, 2: 0.9, 4: 0.95}]
+    assert tg.down_parts(h, w, None) == 1 and len(timed) == 9  # cached: no more timing
+    capturing[0] = True
     assert tg.down_parts(h, w, None) == 2
 
 
@@ -209,8 +251,12 @@ def test_gpu_split_rule_leaves_the_rest_to_F_linear(gpu_tg, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch):
-    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "auto")
+@pytest.mark.parametrize("mode", ["auto", None])  # None: the default, graphs
+def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch, mode):
+    if mode is None:
+        monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
+    else:
+        monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", mode)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
     t = _big_gated(torch.bfloat16, 100)
     timed = spy(monkeypatch, gpu_tg, "_device_time_ms", lambda a: 1)
@@ -227,11 +273,11 @@ def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", ["auto", "2"])
+@pytest.mark.parametrize("split", ["auto", "graphs", "2"])
 def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
-    """Captured in a CUDA graph: untimed, "auto" takes F.linear and caches nothing; a forced split
-    runs the batched GEMM and the reduction with its programmatic edge inside the graph. The
-    replay rewrites a poisoned output with the eager result."""
+    """Captured in a CUDA graph: untimed, "auto" and "graphs" take F.linear and cache nothing; a
+    forced split runs the batched GEMM and the reduction with its programmatic edge inside the
+    graph. The replay rewrites a poisoned output with the eager result."""
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", split)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
     t = _big_gated(torch.bfloat16, 128, bias=True)
@@ -247,14 +293,48 @@ def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = fused_mlp.gated_mlp(*args, **kw)
-    if split == "auto":
+    if split != "2":
         assert gpu_tg._DOWN_CHOICE == {}
     y.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.bfloat16]
-    if split != "auto":
+    if split == "2":
         assert torch.equal(y, eager)
+
+
+@pytest.mark.gpu
+def test_gpu_default_splits_in_captures_only(fused_mlp, gpu_tg, monkeypatch):
+    """The default mode: the warm-up (eager) call times the forms and runs F.linear; with the
+    bucket's choice then set to a split, eager calls still run F.linear and a capture runs the
+    split, whose replay is right (not bit-equal to F.linear's: another order of the sum)."""
+    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    t = _big_gated(torch.bfloat16, 128, bias=True)
+    args = (t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu")
+    kw = dict(down_bias=t["down_bias"])
+    calls = spy(monkeypatch, gpu_tg, "split_linear", lambda a: a[3])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        eager = fused_mlp.gated_mlp(*args, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    keys = [k for k in gpu_tg._DOWN_CHOICE if k[1:3] == (BIG_O, BIG_H)]
+    assert len(keys) == 1
+    n_timing = len(calls)  # the timing ran the split forms
+    assert n_timing > 0
+    gpu_tg._DOWN_CHOICE[keys[0]] = 2
+    assert torch.equal(fused_mlp.gated_mlp(*args, **kw), eager) and len(calls) == n_timing
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = fused_mlp.gated_mlp(*args, **kw)
+    assert calls[n_timing:] == [2]
+    y.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.bfloat16]
+    assert rel_err(y.float(), eager.float()) < TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu

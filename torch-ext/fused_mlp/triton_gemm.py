@@ -3,9 +3,9 @@
     gated_linear:  h = act(x @ Wg^T + bg) * (x @ Wu^T + bu)   (one pass over x, two accumulators)
     linear_act:    h = act(x @ W^T + b)                         (W as nn.Linear [N, K] or Conv1D [K, N])
 
-The second GEMM of the block (the down / proj projection) is cuBLAS: F.linear, or (opt-in,
-FUSED_MLP_DOWN_SPLIT) for few tokens and large weights a K split by hand (a batched cuBLAS
-GEMM and _sum_parts_kernel); see down_linear near the bottom.
+The second GEMM of the block (the down / proj projection) is cuBLAS: F.linear, or, in CUDA
+graphs at few tokens and for large weights where it measures faster (FUSED_MLP_DOWN_SPLIT),
+a K split by hand (a batched cuBLAS GEMM and _sum_parts_kernel); see down_linear near the bottom.
 
 The same tile loop serves the backward pass (triton_backward.py runs it), through
 compile-time flags of the epilogue:
@@ -1158,24 +1158,32 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 
 
 # ---- the block's second GEMM (down / proj projection) -------------------------------
-# F.linear (cuBLAS). Opt-in (FUSED_MLP_DOWN_SPLIT, below), for few tokens and a weight larger
-# than the L2 (the GEMM streams it from DRAM): K split by hand into S parts (S = 2 or 4), one
-# strided-batched cuBLAS GEMM over views of h and W (no copies) writing S fp32 partial sums,
-# then _sum_parts_kernel adds them (and the bias), rounds once and stores, launched with a
-# programmatic edge on sm_90 (its CTAs wait in griddepcontrol.wait, not behind the launch).
+# F.linear (cuBLAS), or, for few tokens and a weight larger than the L2 (the GEMM streams it
+# from DRAM), K split by hand into S parts (S = 2 or 4): one strided-batched cuBLAS GEMM over
+# views of h and W (no copies) writing S fp32 partial sums, then _sum_parts_kernel adds them
+# (and the bias), rounds once and stores, launched with a programmatic edge on sm_90 (its CTAs
+# wait in griddepcontrol.wait, not behind the launch).
 # As CUDA graphs on the H200 (results/down_split_sweep_h200_session35.*,
 # down_bmm_split_h200_session35.*): where cuBLAS's heuristic splits K itself, its reduce kernel
 # costs ~3.4 us at SwiGLU M 128 and ours ~2 (the MLP 1.3 us faster); at some token counts
 # F.linear is much slower than a split (its kernels not listed; Llama-3-8B's down GEMM at
-# M 192: 46.9 us, 39.4 split in two); at M 512 it is the fastest.
-# FUSED_MLP_DOWN_SPLIT: "0" (the default: F.linear), "2" / "4" (that split wherever the rule
-# above allows it), "auto" (F.linear and both splits timed on the first call of a shape bucket:
-# M rounded up to a multiple of 32, N, K, dtype, device, bias, layout; F.linear when untimed,
-# i.e. FUSED_MLP_AUTOTUNE=0 or a CUDA-graph capture before any timing). The forms are timed by
-# GPU time (_device_time_ms: the calls queued behind a sleeping kernel): session 35 timed them
-# as eager calls back to back (_time_ms), which on the H200 machine's CPU is host-bound for the
-# split form (M 128: 65 us against F.linear's 38, as graphs 37 against 39) and picked F.linear.
-# UNMEASURED on this branch: see benchmarks/NOTES.md, plan at the end of session 35.
+# M 192: 46.9 us, 39.4 split in two); at M 512 it is the fastest. But the split form costs
+# ~20 us more host time per call than F.linear (three launches and two allocations against
+# one; results/down_split_host_pieces_h200_session36.json), and eager calls at these token
+# counts are close to host-bound: it pays off where the host time is not paid per call, i.e.
+# in CUDA graphs.
+# FUSED_MLP_DOWN_SPLIT:
+#   "graphs" (the default): the split form or F.linear, whichever measured faster, in calls
+#       being captured into a CUDA graph; F.linear in eager calls. The forms are timed on the
+#       first eager call of a shape bucket (M rounded up to a multiple of 32, N, K, dtype,
+#       device, bias, layout), as a CUDA-graph user's warm-up call is; a capture that comes
+#       first, or FUSED_MLP_AUTOTUNE=0, leaves F.linear.
+#   "auto": the same choice in every call, eager ones too (for callers whose GPU is the
+#       bottleneck, not the host).
+#   "2" / "4": that split wherever the rule (split_parts_allowed) allows it; "0": F.linear.
+# The timing (_device_time_ms) queues the calls behind a sleeping kernel so that it sees GPU
+# time, not the host's: timed as eager calls back to back, the split form is host-bound on the
+# H200 machine's CPU (session 35: M 128 65 us against F.linear's 38, as graphs 37 against 39).
 _SPLIT_PARTS = (2, 4)
 _SPLIT_MAX_M = 512
 # A split form is kept only if it is at least this much faster than F.linear when timed.
@@ -1252,6 +1260,14 @@ def split_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor], parts: int) 
     return sum_parts(p, bias, out, pdl=True)
 
 
+@functools.lru_cache(maxsize=None)
+def _split_l2_bytes(index: int) -> int:
+    """Device index's L2 size in bytes where the split form is offered (sm_90+), else -1."""
+    if torch.cuda.get_device_capability(index) < (9, 0):
+        return -1
+    return torch.cuda.get_device_properties(index).L2_cache_size
+
+
 def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple:
     """The split counts split_linear may take for these tensors (empty: F.linear only): CUDA
     sm_90+, 16-bit, 0 < M <= 512, h contiguous, W [N, K] with one unit stride and 16-byte
@@ -1267,10 +1283,8 @@ def split_parts_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tu
     ws = weight.stride()
     if not ((ws[1] == 1 and ws[0] % 8 == 0) or (ws[0] == 1 and ws[1] % 8 == 0)):
         return ()
-    dev = h.get_device()
-    if torch.cuda.get_device_capability(dev) < (9, 0):
-        return ()
-    if n * k * weight.element_size() <= torch.cuda.get_device_properties(dev).L2_cache_size:
+    l2 = _split_l2_bytes(h.get_device())  # cached: this rule runs on every call of the op
+    if l2 < 0 or n * k * weight.element_size() <= l2:
         return ()
     return tuple(s for s in _SPLIT_PARTS if k % (8 * s) == 0)
 
@@ -1297,37 +1311,47 @@ def _device_time_ms(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
+_DOWN_MODES = ("graphs", "auto") + tuple(str(s) for s in _SPLIT_PARTS)
+
+
 def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
     """How down_linear computes h W^T + b: 1 (F.linear) or the split count (see above)."""
-    mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "0").strip().lower()
-    off = mode in _OFF_VALUES or mode == "1"  # "1": one part, i.e. F.linear
-    if not off and mode != "auto" and mode not in tuple(str(s) for s in _SPLIT_PARTS):
-        raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be 0 (off, the default), 2, 4 or auto, got {mode!r}")
-    if off:
-        return 1  # the default: no further host work on the call
+    mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "graphs").strip().lower()
+    if mode in _OFF_VALUES or mode == "1":  # "1": one part, i.e. F.linear
+        return 1
+    if mode not in _DOWN_MODES:
+        raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be graphs (the default), auto, 2, 4 or 0 (off), got {mode!r}")
     allowed = split_parts_allowed(h, weight, bias)
     if not allowed:
         return 1
-    if mode != "auto":
+    if mode not in ("graphs", "auto"):
         return int(mode) if int(mode) in allowed else 1
+    capturing = torch.cuda.is_current_stream_capturing()
     m, k = h.shape
     key = ((m + 31) // 32, weight.shape[0], k, h.dtype, _device_key(h.get_device()), bias is not None,
            weight.stride(1) == 1)
     chosen = _DOWN_CHOICE.get(key)
-    if chosen is not None:
-        return chosen if chosen in allowed else 1
-    if not _autotune_enabled() or torch.cuda.is_current_stream_capturing():
-        return 1  # not cached: a later, uncaptured call still times the forms
+    if chosen is None:
+        if not _autotune_enabled() or capturing:
+            return 1  # not cached: a later, uncaptured call still times the forms
+        chosen = _time_down_forms(h, weight, bias, allowed, key)
+    if mode == "graphs" and not capturing:
+        return 1
+    return chosen if chosen in allowed else 1
+
+
+def _time_down_forms(h: Tensor, weight: Tensor, bias: Optional[Tensor], allowed: tuple, key: tuple) -> int:
+    """Times F.linear and each allowed split by GPU time in 3 interleaved rounds, caches and
+    returns the choice: the fastest split if it beats F.linear's median by _SPLIT_MIN_GAIN."""
     forms = {1: lambda: F.linear(h, weight, bias)}
     forms.update({s: (lambda s=s: split_linear(h, weight, bias, s)) for s in allowed})
     rounds: dict = {p: [] for p in forms}
     with _on_device(h):
-        for _ in range(3):  # interleaved rounds, median
+        for _ in range(3):
             for p, fn in forms.items():
                 rounds[p].append(_device_time_ms(fn))
-    med = {p: sorted(v)[1] for p, v in rounds.items()}
-    base = med.pop(1)
-    times = med
+    times = {p: sorted(v)[1] for p, v in rounds.items()}
+    base = times.pop(1)
     best = min(times, key=times.get)
     chosen = best if times[best] < (1.0 - _SPLIT_MIN_GAIN) * base else 1
     _DOWN_CHOICE[key] = chosen
