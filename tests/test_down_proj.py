@@ -73,6 +73,12 @@ def test_switch_modes(tg, monkeypatch):
     and caches nothing, a cached choice is reused without timing: by "auto" in every call, by
     "graphs" (the default) only in a capture."""
     h, w = torch.zeros(40, 64), torch.zeros(8, 64)
+    # CPU tensors dressed as CUDA ones, outside any capture unless the test says so
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked while off"))
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "0")
     assert tg.down_parts(h, w, None) == 1
@@ -86,9 +92,6 @@ def test_switch_modes(tg, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
     monkeypatch.setattr(tg, "_device_time_ms", lambda fn: pytest.fail("timed while FUSED_MLP_AUTOTUNE=0"))
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
-    capturing = [False]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     key = ((40 + 31) // 32, 8, 64, h.dtype, ("fake", (9, 0)), False, True)
     for mode in ("auto", "graphs", None):  # None: unset, the default
         if mode is None:
@@ -118,6 +121,8 @@ def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch):
     monkeypatch.setattr(tg, "_DOWN_TIMES", {})
     monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())
     monkeypatch.setattr(tg, "_on_device", lambda t: contextlib.nullcontext())
     # the forms' callables are timed in the order F.linear, 2, 4 (x 3 rounds)
     fake = iter([1.0, 0.9, 0.95] * 3)
@@ -128,9 +133,16 @@ def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch):
     assert tg.down_parts(h, w, None) == 1 and len(timed) == 9
     assert list(tg._DOWN_CHOICE.values()) == [2]
     assert list(tg._DOWN_TIMES.values()) == [{1: 1.0, 2: 0.9, 4: 0.95}]
-    assert tg.down_parts(h, w, None) == 1 and len(timed) == 9  # cached: no more timing
+    # the next eager calls of these tensors' kind skip the rule and the timing
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked again"))
+    assert tg.down_parts(h, w, None) == 1 and len(timed) == 9
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2, 4))
     capturing[0] = True
-    assert tg.down_parts(h, w, None) == 2
+    assert tg.down_parts(h, w, None) == 2 and len(timed) == 9
+    # M above the split's range: F.linear at once
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked at M 513"))
+    capturing[0] = False
+    assert tg.down_parts(torch.zeros(513, 64), w, None) == 1
 
 
 def test_interpreted_ops_reject_a_bad_switch(fused_mlp, monkeypatch):
@@ -164,6 +176,7 @@ def gpu_tg(tg, fused_mlp, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
+    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())  # eager calls of earlier tests
     return tg
 
 

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import local_package, swiglu_operands, write_report  # noqa: E402
 
@@ -19,19 +21,21 @@ from _common import local_package, swiglu_operands, write_report  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="64,128,192,256,384,512")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    os.environ["FUSED_MLP_DOWN_SPLIT"] = "auto"  # the default (0) times nothing
+    os.environ["FUSED_MLP_DOWN_SPLIT"] = "auto"  # times as the default (graphs) does, on an eager call
     fm, tg = local_package("triton_gemm")
     rows = []
     for m in [int(v) for v in args.m.split(",")]:
-        x, wg, wu, wd = swiglu_operands(m=m)
+        x, wg, wu, wd = (t.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[args.dtype]))
+                         for t in swiglu_operands(m=m))
         fm.gated_mlp(x, wg, wu, wd, "silu")
         for key, ms in tg._DOWN_TIMES.items():
-            if key[0] == (m + 31) // 32 and key[1:3] == tuple(wd.shape):
+            if key[0] == (m + 31) // 32 and key[1:4] == (*wd.shape, wd.dtype):
                 choice = tg._DOWN_CHOICE[key]
-                rows.append({"m": m, "choice": choice, "us": {str(p): t * 1e3 for p, t in ms.items()}})
-                print(f"[down-choice] m {m:4d} picks {choice}  " + "  ".join(f"{p}: {t * 1e3:.1f} us" for p, t in ms.items()),
+                rows.append({"m": m, "dtype": args.dtype, "choice": choice, "us": {str(p): t * 1e3 for p, t in ms.items()}})
+                print(f"[down-choice] {args.dtype} m {m:4d} picks {choice}  " + "  ".join(f"{p}: {t * 1e3:.1f} us" for p, t in ms.items()),
                       flush=True)
     write_report(args.out, rows)
 
