@@ -17,8 +17,9 @@ times them alternately (triton do_bench median, L2 flushed between replays) for 
 FUSED_MLP_SM90_NARROW_DH (the narrow gated dh kind, session 12); "on" is the default (the
 variable unset), "off" NAME=0, or NAME=V with --off-value V (e.g. FUSED_MLP_SM90_GROUP_M=16,
 session 15); --on-value V sets NAME=V on the "on" side instead of unsetting it (e.g.
-FUSED_MLP_DOWN_SPLIT=auto, whose default is off). Results may then differ in the last bit
-(different tiles), so only the hints A/B fails on a difference.
+FUSED_MLP_DOWN_SPLIT=auto, which differs from the default, graphs, only in eager calls).
+Results may then differ in the last bit (different tiles), so only the hints A/B fails on a
+difference.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def main() -> None:
     p.add_argument("--off-value", default="0", help="the value the 'off' side sets (default 0)")
     p.add_argument("--on-value", default=None,
                    help="the value the 'on' side sets (default: the variable unset), e.g. auto for "
-                        "FUSED_MLP_DOWN_SPLIT, whose default is off")
+                        "FUSED_MLP_DOWN_SPLIT")
     a = p.parse_args()
     fm, = local_package()
     rows = []

@@ -1168,7 +1168,7 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 # costs ~3.4 us at SwiGLU M 128 and ours ~2 (the MLP 1.3 us faster); at some token counts
 # F.linear is much slower than a split (its kernels not listed; Llama-3-8B's down GEMM at
 # M 192: 46.9 us, 39.4 split in two); at M 512 it is the fastest. But the split form costs
-# ~20 us more host time per call than F.linear (three launches and two allocations against
+# 20-45 us more host time per call than F.linear (three launches and two allocations against
 # one; results/down_split_host_pieces_h200_session36.json), and eager calls at these token
 # counts are close to host-bound: it pays off where the host time is not paid per call, i.e.
 # in CUDA graphs.
