@@ -351,6 +351,32 @@ def test_gpu_default_splits_in_captures_only(fused_mlp, gpu_tg, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_gpu_compile_reduce_overhead(fused_mlp, gpu_tg, monkeypatch):
+    """torch.compile(mode="reduce-overhead") (CUDA graphs through cudagraph trees) with the
+    default mode: its warm-up call times the forms; with the choice then set to a split, the
+    recorded graph runs it and the replays are right."""
+    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    torch._dynamo.reset()
+    t = _big_gated(torch.bfloat16, 128, bias=True)
+    f = torch.compile(lambda x: fused_mlp.gated_mlp(x, t["gate_weight"], t["up_weight"], t["down_weight"],
+                                                    "silu", down_bias=t["down_bias"]),
+                      mode="reduce-overhead", fullgraph=True)
+    calls = spy(monkeypatch, gpu_tg, "split_linear", lambda a: a[3])
+    ref = _ref_gated(fused_mlp, t)
+    y = f(t["x"]).clone()  # warm-up run (eager kernels): times the forms, runs F.linear
+    keys = [k for k in gpu_tg._DOWN_CHOICE if k[1:3] == (BIG_O, BIG_H)]
+    assert len(keys) == 1 and rel_err(y.cpu(), ref) < TOL[torch.bfloat16]
+    gpu_tg._DOWN_CHOICE[keys[0]] = 2
+    n_timing = len(calls)
+    for _ in range(3):  # recorded, then replayed
+        y = f(t["x"]).clone()
+        assert rel_err(y.cpu(), ref) < TOL[torch.bfloat16]
+    assert calls[n_timing:] == [2]  # once, in the recording; replays do not call Python
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
 def test_gpu_torch_compile_fullgraph(fused_mlp, gpu_tg, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "4")
     t = _big_gated(torch.float16, 40, bias=True)

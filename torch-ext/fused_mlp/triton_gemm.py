@@ -843,24 +843,23 @@ def _tma_enabled() -> bool:
     return _env_flag("FUSED_MLP_TMA")
 
 
-def _time_ms(fn) -> float:
-    """Median-free quick timing: enough to rank a handful of configs."""
-    fn()  # compile + load; raises if the config does not fit the GPU
-    torch.cuda.synchronize()
+def _loop_ms(fn, reps: int) -> float:
+    """ms per call of fn over reps calls enqueued back to back, by events around the loop."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        fn()
-    end.record()
-    end.synchronize()
-    est = start.elapsed_time(end) / 3
-    reps = max(3, min(50, int(10.0 / max(est, 1e-3))))
     start.record()
     for _ in range(reps):
         fn()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / reps
+
+
+def _time_ms(fn) -> float:
+    """Median-free quick timing: enough to rank a handful of configs."""
+    fn()  # compile + load; raises if the config does not fit the GPU
+    torch.cuda.synchronize()
+    est = _loop_ms(fn, 3)
+    return _loop_ms(fn, max(3, min(50, int(10.0 / max(est, 1e-3)))))
 
 
 # Tuning modes: the candidate list of each, and whether it has TMA variants.
@@ -1303,15 +1302,9 @@ def _device_time_ms(fn, reps: int = 20) -> float:
         fn()
     host_s = time.perf_counter() - t0
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     # cycles at 2 GHz (above the H100 / H200 boost clock: a slower clock only sleeps longer)
     torch.cuda._sleep(int(min(1.5 * host_s * 2e9 + 2e5, 2**40)))
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    return _loop_ms(fn, reps)
 
 
 _DOWN_MODES = ("graphs", "auto") + tuple(str(s) for s in _SPLIT_PARTS)
