@@ -8,7 +8,8 @@ CPU (always): the reduction kernel under Triton's interpreter, the switch's vali
 and that CPU problems never take the split form.
 GPU (@pytest.mark.gpu, sm_90): split_linear against float64 on awkward shapes and both weight
 layouts, the ops with the split forced, the timed choice and its cache, CUDA-graph capture (with
-the programmatic edge inside the graph) and torch.compile(fullgraph=True).
+the programmatic edge inside the graph; the default mode's split only there),
+torch.compile(fullgraph=True) and torch.compile(mode="reduce-overhead").
 """
 
 from __future__ import annotations
