@@ -5,10 +5,11 @@ between consecutive kernels of a call, and the median span of a call (first kern
 last kernel's end).
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/micro/profile_gated_mlp.py \
-        [--case swiglu|plain] [--m M] [--graph] [--flush fill|read]
+        [--case swiglu|plain] [--m M] [--graph] [--flush fill|read] [--dtype bf16|fp16]
 
 --case swiglu: fused_mlp.gated_mlp on the SwiGLU block (d 4096, h 14336, bf16; default M 4096);
 --case plain: fused_mlp.mlp on the post's GeLU-tanh block with biases (d 768, h 3072; M 8192).
+--dtype fp16: the same in fp16 (the operands made in bf16, then converted).
 --graph profiles replays of a CUDA graph of the call (as bench_mlp.py's "graph" timing), so the
 gaps are the GPU's own, not the host's launch time.
 --flush read evicts L2 by reading 256 MiB (a sum) instead of writing it (_common.l2_evictor):
@@ -46,13 +47,15 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=None, help="tokens (default 4096 for swiglu, 8192 for plain)")
     ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays of the call")
     ap.add_argument("--flush", choices=["fill", "read"], default="fill", help="how L2 is evicted before each call")
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     a = ap.parse_args()
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     fm = get_kernel("org/fused-mlp", version=1)
     if a.case == "swiglu":
-        x, wg, wu, wd = swiglu_operands(m=a.m or 4096)
+        x, wg, wu, wd = (t.to(dt) for t in swiglu_operands(m=a.m or 4096))
         call = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")  # noqa: E731
     else:
-        bf = dict(device="cuda", dtype=torch.bfloat16)
+        bf = dict(device="cuda", dtype=dt)
         m, d, h = a.m or 8192, 768, 3072
         x = torch.randn(m, d, **bf)
         w1, b1 = torch.randn(h, d, **bf) * d**-0.5, torch.randn(h, **bf) * 0.1
@@ -97,7 +100,7 @@ def main() -> None:
         gaps += [b.time_range.start - p.time_range.end for p, b in zip(ks, ks[1:])]
         if ks:
             spans.append(ks[-1].time_range.end - ks[0].time_range.start)
-    print(f"# {a.case} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}, L2 evicted by a {a.flush}: {len(calls)} calls, "
+    print(f"# {a.case} {a.dtype} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}, L2 evicted by a {a.flush}: {len(calls)} calls, "
           f"{median([len(ks) for ks in calls]):.0f} kernels each")
     for name, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
         print(f"{name:<92} n={len(v):3d} median {median(v):8.1f} us")
