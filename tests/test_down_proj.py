@@ -58,6 +58,20 @@ def test_sum_parts_interpreted(tg, parts, out_dtype, bias):
     assert rel_err(p[0].double(), ref) > 0.1
 
 
+def test_kept_launcher(tg):
+    """The launcher sum_parts and the GEMM plans keep: the compiled kernel indexed by a 3-D grid,
+    or None where Triton's compiled kernel lacks what its launcher needs."""
+    class Compiled:
+        run, packed_metadata = object(), object()
+
+        def __getitem__(self, grid):
+            return ("launcher", grid)
+
+    assert tg._kept_launcher(Compiled(), (5,)) == ("launcher", (5, 1, 1))
+    assert tg._kept_launcher(Compiled(), (5, 2, 3)) == ("launcher", (5, 2, 3))
+    assert tg._kept_launcher(object(), (5, 1, 1)) is None
+
+
 def test_switch_is_validated(tg, monkeypatch):
     h, w = torch.zeros(2, 16), torch.zeros(4, 16)
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "3")

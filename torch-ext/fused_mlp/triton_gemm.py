@@ -782,9 +782,17 @@ def _run_plan(plan: _Plan, x: Tensor, w1: Tensor, w2: Optional[Tensor], b1: Opti
         plan.runner(a, w1, w2, b1, b2, out, pre, h, *plan.ints, *plan.tail)
         return
     compiled = plan.kernel[plan.grid](a, w1, w2, b1, b2, out, pre, h, *plan.ints, **plan.consts)
-    if keep_runner and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
-        g = plan.grid
-        plan.runner = compiled[(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)]  # wants 3-D
+    if keep_runner:
+        plan.runner = _kept_launcher(compiled, plan.grid)
+
+
+def _kept_launcher(compiled, grid: tuple):
+    """The launcher of a kernel Triton has just compiled and launched (what `kernel[grid](...)`
+    returned), to launch it again on the same grid without the JIT's argument binding; None
+    where this Triton's compiled kernel does not offer one."""
+    if not (hasattr(compiled, "run") and hasattr(compiled, "packed_metadata")):
+        return None
+    return compiled[(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)]  # wants 3-D
 
 
 def _launch(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: bool,
@@ -1167,10 +1175,10 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 # costs ~3.4 us at SwiGLU M 128 and ours ~2 (the MLP 1.3 us faster); at some token counts
 # F.linear is much slower than a split (its kernels not listed; Llama-3-8B's down GEMM at
 # M 192: 46.9 us, 39.4 split in two); at M 512 it is the fastest. But the split form costs
-# 20-45 us more host time per call than F.linear (three launches and two allocations against
-# one; results/down_split_host_pieces_h200_session36.json), and eager calls at these token
-# counts are close to host-bound: it pays off where the host time is not paid per call, i.e.
-# in CUDA graphs.
+# 21-48 us more host time per call than F.linear (two launches, two allocations and the views
+# against one call; results/down_split_host_pieces{,2,3}_h200_session36.json), and eager
+# calls at these token counts are close to host-bound: it pays off where the host time is not
+# paid per call, i.e. in CUDA graphs.
 # FUSED_MLP_DOWN_SPLIT:
 #   "graphs" (the default): the split form or F.linear, whichever measured faster, in calls
 #       being captured into a CUDA graph; F.linear in eager calls. The forms are timed on the
@@ -1242,10 +1250,11 @@ def sum_parts(parts: Tensor, bias: Optional[Tensor], out: Tensor, pdl: bool = Fa
     with _on_device(out):
         compiled = _sum_parts_kernel[grid](*args[:5], PARTS=s, HAS_BIAS=bias is not None, BLOCK=_SUM_BLOCK,
                                            WAIT=pdl, **extra)
-    if key is not None and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
+    runner = _kept_launcher(compiled, grid) if key is not None else None
+    if runner is not None:
         if len(_SUM_RUNNERS) >= _MAX_PLANS:
             _SUM_RUNNERS.clear()
-        _SUM_RUNNERS[key] = compiled[grid]
+        _SUM_RUNNERS[key] = runner
     return out
 
 
@@ -1320,40 +1329,34 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
     if not h.is_cuda:
         return 1
     capturing = torch.cuda.is_current_stream_capturing()
-    seen = None
-    if mode == "graphs" and not capturing:
-        # An eager call runs F.linear; only the first of its kind goes through the rule and
-        # times the forms (for a later capture): the others skip ~5 us of host time (session 36).
+    eager_only = mode == "graphs" and not capturing  # F.linear whatever the choice
+    if eager_only:
+        # Only the first eager call of its kind goes through the rule and times the forms (for
+        # a later capture): the others skip the rule's ~5 us of host time (session 36).
         if h.shape[0] > _SPLIT_MAX_M:
             return 1
         seen = (h.shape, h.dtype, h.device, weight.shape, weight.stride(), bias is None)
         if seen in _DOWN_EAGER_SEEN:
             return 1
     allowed = split_parts_allowed(h, weight, bias)
-    if not allowed:
-        _mark_seen(seen)
-        return 1
-    if mode not in ("graphs", "auto"):
+    if allowed and mode not in ("graphs", "auto"):
         return int(mode) if int(mode) in allowed else 1
-    m, k = h.shape
-    key = ((m + 31) // 32, weight.shape[0], k, h.dtype, _device_key(h.get_device()), bias is not None,
-           weight.stride(1) == 1)
-    chosen = _DOWN_CHOICE.get(key)
-    if chosen is None:
-        if not _autotune_enabled() or capturing:
-            return 1  # not cached: a later, uncaptured call still times the forms
-        chosen = _time_down_forms(h, weight, bias, allowed, key)
-    if mode == "graphs" and not capturing:
-        _mark_seen(seen)
-        return 1
-    return chosen if chosen in allowed else 1
-
-
-def _mark_seen(seen: Optional[tuple]) -> None:
-    if seen is not None:
+    chosen = 1
+    if allowed:
+        m, k = h.shape
+        key = ((m + 31) // 32, weight.shape[0], k, h.dtype, _device_key(h.get_device()), bias is not None,
+               weight.stride(1) == 1)
+        chosen = _DOWN_CHOICE.get(key)
+        if chosen is None:
+            if not _autotune_enabled() or capturing:
+                return 1  # not cached (nor marked seen): a later, uncaptured call still times the forms
+            chosen = _time_down_forms(h, weight, bias, allowed, key)
+    if eager_only:
         if len(_DOWN_EAGER_SEEN) >= 4096:
             _DOWN_EAGER_SEEN.clear()
         _DOWN_EAGER_SEEN.add(seen)
+        return 1
+    return chosen if chosen in allowed else 1
 
 
 def _time_down_forms(h: Tensor, weight: Tensor, bias: Optional[Tensor], allowed: tuple, key: tuple) -> int:
