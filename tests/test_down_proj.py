@@ -239,6 +239,22 @@ def _ref_gated(fm, t):
                                   None, None, r["down_bias"])
 
 
+def _big_keys(tg) -> list:
+    """The down-choice cache's keys for the big down weight (BIG_O x BIG_H)."""
+    return [k for k in tg._DOWN_CHOICE if k[1:3] == (BIG_O, BIG_H)]
+
+
+def _eager_warm_up(fn):
+    """fn() on a side stream, as one warms up before a capture; joined and synchronized."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return y
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("split", ["2", "4"])
 @pytest.mark.parametrize("m", [1, 77, 512, 513])
@@ -292,8 +308,8 @@ def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch, mod
     y = fused_mlp.gated_mlp(*args)
     n_first = len(timed)
     assert n_first == 9  # F.linear and both split counts, 3 rounds
-    choices = [v for k, v in gpu_tg._DOWN_CHOICE.items() if k[1:3] == (BIG_O, BIG_H)]
-    assert len(choices) == 1 and choices[0] in (1, 2, 4)
+    keys = _big_keys(gpu_tg)
+    assert len(keys) == 1 and gpu_tg._DOWN_CHOICE[keys[0]] in (1, 2, 4)
     y2 = fused_mlp.gated_mlp(*args)  # same bucket (M 97-128): no more timing
     assert len(timed) == n_first
     assert torch.equal(y, y2)
@@ -311,12 +327,8 @@ def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
     t = _big_gated(torch.bfloat16, 128, bias=True)
     args = (t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu")
     kw = dict(down_bias=t["down_bias"])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up outside the capture: kernels compiled, configs timed
-        eager = fused_mlp.gated_mlp(*args, **kw)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
+    # warm-up outside the capture: kernels compiled, configs timed
+    eager = _eager_warm_up(lambda: fused_mlp.gated_mlp(*args, **kw))
     gpu_tg._DOWN_CHOICE.clear()  # as if this bucket had never been timed
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -342,13 +354,8 @@ def test_gpu_default_splits_in_captures_only(fused_mlp, gpu_tg, monkeypatch):
     args = (t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu")
     kw = dict(down_bias=t["down_bias"])
     calls = spy(monkeypatch, gpu_tg, "split_linear", lambda a: a[3])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        eager = fused_mlp.gated_mlp(*args, **kw)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    keys = [k for k in gpu_tg._DOWN_CHOICE if k[1:3] == (BIG_O, BIG_H)]
+    eager = _eager_warm_up(lambda: fused_mlp.gated_mlp(*args, **kw))
+    keys = _big_keys(gpu_tg)
     assert len(keys) == 1
     n_timing = len(calls)  # the timing ran the split forms
     assert n_timing > 0
@@ -380,7 +387,7 @@ def test_gpu_compile_reduce_overhead(fused_mlp, gpu_tg, monkeypatch):
     calls = spy(monkeypatch, gpu_tg, "split_linear", lambda a: a[3])
     ref = _ref_gated(fused_mlp, t)
     y = f(t["x"]).clone()  # warm-up run (eager kernels): times the forms, runs F.linear
-    keys = [k for k in gpu_tg._DOWN_CHOICE if k[1:3] == (BIG_O, BIG_H)]
+    keys = _big_keys(gpu_tg)
     assert len(keys) == 1 and rel_err(y.cpu(), ref) < TOL[torch.bfloat16]
     gpu_tg._DOWN_CHOICE[keys[0]] = 2
     n_timing = len(calls)
