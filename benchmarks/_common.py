@@ -55,10 +55,14 @@ def copy_bandwidth(time_ms: Callable[[Callable[[], object]], float], device: str
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 
-def swiglu_operands(m: int = 4096, d: int = 4096, h: int = 14336) -> tuple:
-    """x [m, d], Wg and Wu [h, d], Wd [d, h] on the GPU in bf16, random with the weights
-    scaled to keep the outputs O(1): the Llama-8B-sized SwiGLU block of the micro scripts."""
-    bf = dict(device="cuda", dtype=torch.bfloat16)
+# The dtypes the scripts' --dtype options name.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def swiglu_operands(m: int = 4096, d: int = 4096, h: int = 14336, dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """x [m, d], Wg and Wu [h, d], Wd [d, h] on the GPU (bf16 unless said), random with the
+    weights scaled to keep the outputs O(1): the Llama-8B-sized SwiGLU block of the micro scripts."""
+    bf = dict(device="cuda", dtype=dtype)
     return (torch.randn(m, d, **bf), torch.randn(h, d, **bf) * d**-0.5, torch.randn(h, d, **bf) * d**-0.5,
             torch.randn(d, h, **bf) * h**-0.5)
 

@@ -28,9 +28,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import run_info  # noqa: E402
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from _common import DTYPES, run_info  # noqa: E402
 
 
 class GeGLUMLP(nn.Module):

@@ -12,10 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import local_package, swiglu_operands, write_report  # noqa: E402
+from _common import DTYPES, local_package, swiglu_operands, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -28,8 +26,7 @@ def main() -> None:
     fm, tg = local_package("triton_gemm")
     rows = []
     for m in [int(v) for v in args.m.split(",")]:
-        x, wg, wu, wd = (t.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[args.dtype]))
-                         for t in swiglu_operands(m=m))
+        x, wg, wu, wd = swiglu_operands(m=m, dtype=DTYPES[args.dtype])
         fm.gated_mlp(x, wg, wu, wd, "silu")
         for key, ms in tg._DOWN_TIMES.items():
             if key[0] == (m + 31) // 32 and key[1:4] == (*wd.shape, wd.dtype):

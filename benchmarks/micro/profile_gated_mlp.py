@@ -9,7 +9,7 @@ last kernel's end).
 
 --case swiglu: fused_mlp.gated_mlp on the SwiGLU block (d 4096, h 14336, bf16; default M 4096);
 --case plain: fused_mlp.mlp on the post's GeLU-tanh block with biases (d 768, h 3072; M 8192).
---dtype fp16: the same in fp16 (the operands made in bf16, then converted).
+--dtype fp16: the same in fp16.
 --graph profiles replays of a CUDA graph of the call (as bench_mlp.py's "graph" timing), so the
 gaps are the GPU's own, not the host's launch time.
 --flush read evicts L2 by reading 256 MiB (a sum) instead of writing it (_common.l2_evictor):
@@ -34,7 +34,7 @@ from kernels import get_kernel
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import graphed, l2_evictor, swiglu_operands  # noqa: E402
+from _common import DTYPES, graphed, l2_evictor, swiglu_operands  # noqa: E402
 
 
 def median(v: list[float]) -> float:
@@ -49,17 +49,17 @@ def main() -> None:
     ap.add_argument("--flush", choices=["fill", "read"], default="fill", help="how L2 is evicted before each call")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     a = ap.parse_args()
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+    dt = DTYPES[a.dtype]
     fm = get_kernel("org/fused-mlp", version=1)
     if a.case == "swiglu":
-        x, wg, wu, wd = (t.to(dt) for t in swiglu_operands(m=a.m or 4096))
+        x, wg, wu, wd = swiglu_operands(m=a.m or 4096, dtype=dt)
         call = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")  # noqa: E731
     else:
-        bf = dict(device="cuda", dtype=dt)
+        kw = dict(device="cuda", dtype=dt)
         m, d, h = a.m or 8192, 768, 3072
-        x = torch.randn(m, d, **bf)
-        w1, b1 = torch.randn(h, d, **bf) * d**-0.5, torch.randn(h, **bf) * 0.1
-        w2, b2 = torch.randn(d, h, **bf) * h**-0.5, torch.randn(d, **bf) * 0.1
+        x = torch.randn(m, d, **kw)
+        w1, b1 = torch.randn(h, d, **kw) * d**-0.5, torch.randn(h, **kw) * 0.1
+        w2, b2 = torch.randn(d, h, **kw) * h**-0.5, torch.randn(d, **kw) * 0.1
         call = lambda: fm.mlp(x, w1, b1, w2, b2, "gelu_tanh")  # noqa: E731
     step = graphed(call) if a.graph else call
     evict = l2_evictor(a.flush)
