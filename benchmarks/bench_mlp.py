@@ -472,11 +472,15 @@ def run(args) -> dict:
         print(f"[bench] {c.name} done in {time.time() - tc:.1f}s", flush=True)
 
     tg = sys.modules.get(fm.__name__ + ".triton_gemm")
-    tuned, cublaslt = {}, {}
+    tuned, cublaslt, down = {}, {}, {}
     if tg is not None:
         tuned = {repr(k): list(v) for k, v in getattr(tg, "_TUNED", {}).items()}
         # the plain first GEMM's timed choice: True where cuBLASLt's epilogue ran instead of ours
         cublaslt = {repr(k): v for k, v in getattr(tg, "_CUBLASLT_CHOICE", {}).items()}
+        # the down projection's timed choice (1: F.linear, else the K split) and its timings in us
+        times = getattr(tg, "_DOWN_TIMES", {})
+        down = {repr(k): {"parts": v, "us": {str(p): t * 1e3 for p, t in times.get(k, {}).items()}}
+                for k, v in getattr(tg, "_DOWN_CHOICE", {}).items()}
     return {
         **run_info(device),
         "rows": rows,
@@ -484,6 +488,7 @@ def run(args) -> dict:
         "verification": verification,
         "tuned_configs": tuned,
         "cublaslt_choice": cublaslt,
+        "down_choice": down,
         "liger": module_version("liger_kernel"),
         "wall_s": round(time.time() - t0, 1),
     }
@@ -568,6 +573,8 @@ def main() -> None:
         p.error("--repeats must be >= 1")
     res = run(args)
     print_table(res)
+    for k, v in res["down_choice"].items():
+        print(f"[bench] down projection {k}: {v['parts']} part(s); timed " + ", ".join(f"{p}: {t:.1f} us" for p, t in v["us"].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"[bench] results: {args.out} ({res['wall_s']}s)")
