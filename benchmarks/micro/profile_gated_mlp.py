@@ -5,7 +5,8 @@ between consecutive kernels of a call, and the median span of a call (first kern
 last kernel's end).
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/micro/profile_gated_mlp.py \
-        [--case swiglu|plain] [--m M] [--graph] [--flush fill|read] [--dtype bf16|fp16]
+        [--case swiglu|plain] [--m M] [--graph] [--flush fill|read] [--dtype bf16|fp16] \
+        [--calls N] [--load-s S]
 
 --case swiglu: fused_mlp.gated_mlp on the SwiGLU block (d 4096, h 14336, bf16; default M 4096);
 --case plain: fused_mlp.mlp on the post's GeLU-tanh block with biases (d 768, h 3072; M 8192).
@@ -18,8 +19,10 @@ slowed the few-token down GEMM by ~8 us in session 29 (NOTES.md, lt_algos' "mlp"
 read leaves clean lines. Calls are delimited by the eviction's own kernels, found by profiling
 one eviction alone.
 
-Ten calls are a short burst: the clocks are higher than under a sustained load (see
+Ten calls (--calls) are a short burst: the clocks are higher than under a sustained load (see
 power_clock.py), so these times are the kernels' own at burst clocks, not the benchmark's.
+--load-s S runs the same eviction + call loop for S seconds before the profiled calls, so that
+they run at the clocks a benchmark's sustained loop settles at.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -48,6 +52,8 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays of the call")
     ap.add_argument("--flush", choices=["fill", "read"], default="fill", help="how L2 is evicted before each call")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--calls", type=int, default=10, help="profiled calls")
+    ap.add_argument("--load-s", type=float, default=0.0, help="seconds of the same loop before the profiled calls")
     a = ap.parse_args()
     dt = DTYPES[a.dtype]
     fm = get_kernel("org/fused-mlp", version=1)
@@ -76,8 +82,14 @@ def main() -> None:
         torch.cuda.synchronize()
     evict_names = [e.name for e in gpu_kernels(prof)]
     opener, prelude = evict_names[-1], set(evict_names[:-1])
+    t_end = time.perf_counter() + a.load_s
+    while time.perf_counter() < t_end:
+        for _ in range(20):
+            evict()
+            step()
+        torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
+        for _ in range(a.calls):
             evict()
             step()
         torch.cuda.synchronize()
@@ -100,7 +112,8 @@ def main() -> None:
         gaps += [b.time_range.start - p.time_range.end for p, b in zip(ks, ks[1:])]
         if ks:
             spans.append(ks[-1].time_range.end - ks[0].time_range.start)
-    print(f"# {a.case} {a.dtype} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}, L2 evicted by a {a.flush}: {len(calls)} calls, "
+    print(f"# {a.case} {a.dtype} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}, L2 evicted by a {a.flush}"
+          f"{f' after {a.load_s:g} s of load' if a.load_s else ''}: {len(calls)} calls, "
           f"{median([len(ks) for ks in calls]):.0f} kernels each")
     for name, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
         print(f"{name:<92} n={len(v):3d} median {median(v):8.1f} us")
