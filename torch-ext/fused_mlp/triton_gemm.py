@@ -1202,7 +1202,8 @@ _DOWN_TIMES: dict[tuple, dict] = {}
 # what eager calls in the default mode have seen (shapes, dtype, device, weight strides, bias):
 # those that have been through the rule (and timing) once
 _DOWN_EAGER_SEEN: set = set()
-_SUM_BLOCK = 1024
+_SUM_BLOCK = 1024  # elements per program of _sum_parts_kernel
+_SUM_WARPS = 4
 # sum_parts's launchers by call signature (see sum_parts)
 _SUM_RUNNERS: dict[tuple, object] = {}
 
@@ -1249,7 +1250,7 @@ def sum_parts(parts: Tensor, bias: Optional[Tensor], out: Tensor, pdl: bool = Fa
     extra = {"launch_pdl": True} if pdl else {}
     with _on_device(out):
         compiled = _sum_parts_kernel[grid](*args[:5], PARTS=s, HAS_BIAS=bias is not None, BLOCK=_SUM_BLOCK,
-                                           WAIT=pdl, **extra)
+                                           WAIT=pdl, num_warps=_SUM_WARPS, **extra)
     runner = _kept_launcher(compiled, grid) if key is not None else None
     if runner is not None:
         if len(_SUM_RUNNERS) >= _MAX_PLANS:
