@@ -6,11 +6,12 @@ last kernel's end).
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python benchmarks/micro/profile_gated_mlp.py \
         [--case swiglu|plain] [--m M] [--graph] [--flush fill|read] [--dtype bf16|fp16] \
-        [--calls N] [--load-s S]
+        [--calls N] [--load-s S] [--impl ours|eager]
 
 --case swiglu: fused_mlp.gated_mlp on the SwiGLU block (d 4096, h 14336, bf16; default M 4096);
 --case plain: fused_mlp.mlp on the post's GeLU-tanh block with biases (d 768, h 3072; M 8192).
---dtype fp16: the same in fp16.
+--dtype fp16: the same in fp16. --impl eager: the SwiGLU block in plain PyTorch instead (the
+peers' cuBLAS GEMMs and pointwise kernels), for a side-by-side list.
 --graph profiles replays of a CUDA graph of the call (as bench_mlp.py's "graph" timing), so the
 gaps are the GPU's own, not the host's launch time.
 --flush read evicts L2 by reading 256 MiB (a sum) instead of writing it (_common.l2_evictor):
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from kernels import get_kernel
 from torch.profiler import ProfilerActivity, profile
 
@@ -52,6 +54,8 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="profile CUDA-graph replays of the call")
     ap.add_argument("--flush", choices=["fill", "read"], default="fill", help="how L2 is evicted before each call")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--impl", choices=["ours", "eager"], default="ours",
+                    help="eager: the same block in plain PyTorch (the peers' GEMMs), swiglu only")
     ap.add_argument("--calls", type=int, default=10, help="profiled calls")
     ap.add_argument("--load-s", type=float, default=0.0, help="seconds of the same loop before the profiled calls")
     a = ap.parse_args()
@@ -59,8 +63,13 @@ def main() -> None:
     fm = get_kernel("org/fused-mlp", version=1)
     if a.case == "swiglu":
         x, wg, wu, wd = swiglu_operands(m=a.m or 4096, dtype=dt)
-        call = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")  # noqa: E731
+        if a.impl == "eager":  # the peers' eager form: three cuBLAS GEMMs, SiLU, the product
+            call = lambda: F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)  # noqa: E731
+        else:
+            call = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")  # noqa: E731
     else:
+        if a.impl == "eager":
+            ap.error("--impl eager is for --case swiglu")
         kw = dict(device="cuda", dtype=dt)
         m, d, h = a.m or 8192, 768, 3072
         x = torch.randn(m, d, **kw)
@@ -112,7 +121,7 @@ def main() -> None:
         gaps += [b.time_range.start - p.time_range.end for p, b in zip(ks, ks[1:])]
         if ks:
             spans.append(ks[-1].time_range.end - ks[0].time_range.start)
-    print(f"# {a.case} {a.dtype} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}, L2 evicted by a {a.flush}"
+    print(f"# {a.case} ({a.impl}) {a.dtype} M {x.shape[0]}, {'graph replay' if a.graph else 'eager calls'}, L2 evicted by a {a.flush}"
           f"{f' after {a.load_s:g} s of load' if a.load_s else ''}: {len(calls)} calls, "
           f"{median([len(ks) for ks in calls]):.0f} kernels each")
     for name, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
