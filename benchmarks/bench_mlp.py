@@ -398,6 +398,8 @@ def run(args) -> dict:
     if args.cases:
         pats = [p.strip() for p in args.cases.split(",") if p.strip()]
         cases = [c for c in cases if any(p in c.name for p in pats)]
+    if args.reverse:
+        cases = cases[::-1]
     if args.shrink > 1:  # dry runs on small machines
         s = args.shrink
         cases = [Case(c.name, c.kind, c.activation, max(1, c.m // s), max(16, c.d // s), max(16, c.h // s),
@@ -566,6 +568,9 @@ def main() -> None:
     p.add_argument("--ours-twice", action="store_true",
                    help="time fused-mlp's call a second time, last in each round (row field ours_again_ms): "
                         "the timing method's bias between the first and the last place of a round")
+    p.add_argument("--reverse", action="store_true",
+                   help="run the selected cases in the reverse order (a case's place in the process can move "
+                        "its times: NOTES.md, session 37)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script
     p.add_argument("--shrink", type=int, default=1, help=argparse.SUPPRESS)  # divide all sizes (dry runs)
     args = p.parse_args()

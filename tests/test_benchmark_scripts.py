@@ -63,6 +63,20 @@ def test_bench_mlp_repeats_dry_run(tmp_path):
     assert "rounds" in res.stdout  # the table shows the per-round spread
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_bench_mlp_case_order(tmp_path, reverse):
+    out = tmp_path / "fwd.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_mlp.py"), "--device", "cpu", "--shrink", "64",
+         "--cases", "mlp_gelu_tanh_m8192", "--skip-peers", "compile,liger", "--out", str(out),
+         "--plot", str(tmp_path / "p.png")] + (["--reverse"] if reverse else []),
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    cases = [r["case"] for r in json.loads(out.read_text())["rows"]]
+    want = ["mlp_gelu_tanh_m8192_d768_h3072_bf16", "mlp_gelu_tanh_m8192_d768_h3072_fp16"]
+    assert cases == (want[::-1] if reverse else want)
+
+
 def test_bench_mlp_rejects_zero_repeats():
     res = subprocess.run([sys.executable, str(BENCH / "bench_mlp.py"), "--repeats", "0"],
                          capture_output=True, text=True, timeout=300)
