@@ -22,17 +22,20 @@ def module_version(name: str) -> Optional[str]:
         return None
 
 
+# The package's switches (FUSED_MLP_*) as the script was started: taken at import, before a
+# script sets any itself (an A/B's sides, a mode a script needs), so the command says what was typed.
+_START_SWITCHES = tuple(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("FUSED_MLP_"))
+
+
 def run_info(device: str = "cuda") -> dict:
     """The head of every results file: GPU, torch and Triton versions, UTC date and the
-    command line that made it, prefixed with the package's switches (FUSED_MLP_*) set in the
-    environment."""
-    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("FUSED_MLP_")]
+    command line that made it, prefixed with the package's switches set when it started."""
     return {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (dry run)",
         "torch": torch.__version__,
         "triton": module_version("triton"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([*env, *(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])]),
+        "command": " ".join([*_START_SWITCHES, *(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])]),
     }
 
 

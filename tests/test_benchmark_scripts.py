@@ -77,6 +77,21 @@ def test_bench_mlp_case_order(tmp_path, reverse):
     assert cases == (want[::-1] if reverse else want)
 
 
+def test_run_info_names_the_switches_set_at_start():
+    """A results file's command carries the FUSED_MLP_* switches the script was started with,
+    not those it set itself later (an A/B's sides)."""
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); import _common; "
+            "os.environ['FUSED_MLP_DOWN_SPLIT'] = 'auto'; os.environ['FUSED_MLP_LATER'] = '0'; "
+            "print(_common.run_info('cpu')['command'])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSED_MLP_")}
+    env["FUSED_MLP_DOWN_SPLIT"] = "2"
+    res = subprocess.run([sys.executable, "-c", code, str(BENCH)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    command = res.stdout.strip().splitlines()[-1]
+    assert command.startswith("FUSED_MLP_DOWN_SPLIT=2 ") and "auto" not in command and "LATER" not in command
+
+
 def test_bench_mlp_rejects_zero_repeats():
     res = subprocess.run([sys.executable, str(BENCH / "bench_mlp.py"), "--repeats", "0"],
                          capture_output=True, text=True, timeout=300)
