@@ -480,8 +480,8 @@ def run(args) -> dict:
         # the plain first GEMM's timed choice: True where cuBLASLt's epilogue ran instead of ours
         cublaslt = {repr(k): v for k, v in getattr(tg, "_CUBLASLT_CHOICE", {}).items()}
         # the down projection's timed choice (1: F.linear, else the K split) and its timings in us
-        times = getattr(tg, "_DOWN_TIMES", {})
-        down = {repr(k): {"parts": v, "us": {str(p): t * 1e3 for p, t in times.get(k, {}).items()}}
+        down_times = getattr(tg, "_DOWN_TIMES", {})
+        down = {repr(k): {"parts": v, "us": {str(p): t * 1e3 for p, t in down_times.get(k, {}).items()}}
                 for k, v in getattr(tg, "_DOWN_CHOICE", {}).items()}
     return {
         **run_info(device),

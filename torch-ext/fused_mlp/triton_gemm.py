@@ -1353,7 +1353,7 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
                 return 1  # not cached (nor marked seen): a later, uncaptured call still times the forms
             chosen = _time_down_forms(h, weight, bias, allowed, key)
     if eager_only:
-        if len(_DOWN_EAGER_SEEN) >= 4096:
+        if len(_DOWN_EAGER_SEEN) >= _MAX_PLANS:
             _DOWN_EAGER_SEEN.clear()
         _DOWN_EAGER_SEEN.add(seen)
         return 1
