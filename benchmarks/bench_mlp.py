@@ -358,6 +358,25 @@ def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int,
     return times, extra
 
 
+def merge_placements(results: list) -> tuple[dict, dict]:
+    """timed_rounds' results for each placement of a case's inputs, as one: with one placement
+    unchanged; with more, every placement's rounds pooled (the row's median is over all of them)
+    and each placement's own median kept (`placement_ms`)."""
+    if len(results) == 1:
+        return results[0]
+    runs: dict = {}
+    medians: dict = {}
+    for times, extra in results:
+        per = extra.get("rounds_ms") or {n: [t] for n, t in times.items() if t is not None}
+        for n in times:
+            if times[n] is None:
+                continue
+            runs.setdefault(n, []).extend(per[n])
+            medians.setdefault(n, []).append(times[n])
+    times = {n: (statistics.median(runs[n]) if n in runs else None) for n in results[0][0]}
+    return times, {"rounds_ms": runs, "ratio_per_round": ratio_per_round(runs), "placement_ms": medians}
+
+
 def alternating_rounds(fns: dict, budget_ms: float, device: str, repeats: int, before=None) -> tuple[dict, dict]:
     """timed_rounds with alternating calls, for scripts outside the record's table (the micro
     A/Bs): ({name: median ms over the rounds}, {name: [ms of each round]})."""
@@ -400,16 +419,23 @@ def run(args) -> dict:
         cases = [c for c in cases if any(p in c.name for p in pats)]
     if args.reverse:
         cases = cases[::-1]
+    # each case's inputs come from a seed fixed by its place in the selection, so --twice runs
+    # the same values again (in new allocations)
+    seeded = [(c, 1000 + i) for i, c in enumerate(cases)]
+    if args.twice:
+        seeded = [cs for cs in seeded for _ in range(2)]
     if args.shrink > 1:  # dry runs on small machines
         s = args.shrink
-        cases = [Case(c.name, c.kind, c.activation, max(1, c.m // s), max(16, c.d // s), max(16, c.h // s),
-                      c.dtype, c.bias) for c in cases]
+        seeded = [(Case(c.name, c.kind, c.activation, max(1, c.m // s), max(16, c.d // s), max(16, c.h // s),
+                        c.dtype, c.bias), seed) for c, seed in seeded]
     skip = set(filter(None, (args.skip_peers or "").split(",")))
 
     liger = None if "liger" in skip else load_liger()
 
     rows, verification = [], {}
-    for i, c in enumerate(cases):
+    for place, (c, seed) in enumerate(seeded):
+        if place and args.pause_s > 0:
+            time.sleep(args.pause_s)  # the GPU idle between cases (its clocks and temperature recover)
         tc = time.time()
         compiled = None
         if "compile" not in skip:
@@ -418,29 +444,40 @@ def run(args) -> dict:
             torch._dynamo.reset()
             compiled = {"gated": torch.compile(eager_gated, dynamic=False),
                         "mlp": torch.compile(eager_mlp, dynamic=False)}
-        t = make_inputs(c, device, seed=1000 + i)
-        ref = reference(c, t)
-        impl = implementations(c, t, fm, compiled, liger)
-        if args.ours_twice and impl.get("ours") is not None:
-            # the same call timed again, last in each round: the method's own bias and spread
-            impl["ours_again"] = impl["ours"]
+        # --placements P: the same input values allocated P times (each copy kept alive, so each
+        # lies elsewhere in GPU memory); where the weights lie moves each implementation's time
+        # at few tokens by up to ~1 us, independently of the others (NOTES, session 38)
+        ts = [make_inputs(c, device, seed=seed) for _ in range(args.placements)]
+        ref = reference(c, ts[0])
+        impls = [implementations(c, t, fm, compiled, liger) for t in ts]
+        if args.ours_twice:
+            for impl in impls:
+                if impl.get("ours") is not None:
+                    # the same call timed again, last in each round: the method's own bias and spread
+                    impl["ours_again"] = impl["ours"]
         checks = {}
         with torch.inference_mode():
-            for name, fn in impl.items():
-                if fn is None or name in ("gemms_only", "ours_again"):
-                    continue
-                try:
-                    err = rel_err(fn(), ref)
-                except Exception as e:  # report, do not time
-                    print(f"[bench] {c.name}: {name} failed: {type(e).__name__}: {e}", flush=True)
-                    impl[name] = None
-                    checks[name] = f"error: {type(e).__name__}"
-                    continue
-                ok = err <= TOL[c.dtype]
-                checks[name] = {"rel_err": err, "ok": ok}
-                if not ok:
-                    print(f"[bench] {c.name}: {name} is WRONG (rel. error {err:.2e} > {TOL[c.dtype]:.0e}); not timed",
-                          flush=True)
+            for impl in impls:
+                for name, fn in impl.items():
+                    if fn is None or name in ("gemms_only", "ours_again"):
+                        continue
+                    try:
+                        err = rel_err(fn(), ref)
+                    except Exception as e:  # report, do not time
+                        print(f"[bench] {c.name}: {name} failed: {type(e).__name__}: {e}", flush=True)
+                        impl[name] = None
+                        checks[name] = f"error: {type(e).__name__}"
+                        continue
+                    ok = err <= TOL[c.dtype]
+                    if name not in checks or (isinstance(checks[name], dict) and err > checks[name]["rel_err"]):
+                        checks[name] = {"rel_err": err, "ok": ok}  # the worst placement's
+                    if not ok:
+                        print(f"[bench] {c.name}: {name} is WRONG (rel. error {err:.2e} > {TOL[c.dtype]:.0e}); "
+                              "not timed", flush=True)
+                        impl[name] = None
+        for name in impls[0]:  # an implementation wrong or failing on any placement is not timed on any
+            if any(impl[name] is None for impl in impls):
+                for impl in impls:
                     impl[name] = None
         verification[c.name] = checks
         floor = max(c.flops / ceil["bf16_matmul_flop_per_s"], c.min_bytes / ceil["copy_bytes_per_s"]) * 1e3
@@ -451,16 +488,20 @@ def run(args) -> dict:
             # --repeats R: R rounds, each timing every implementation once in turn, so that
             # a drift of the GPU's clocks or of the host touches all of them alike; the row
             # holds each one's median over the rounds, and every round's time.
-            with torch.inference_mode():
-                calls = {name: (graphed(fn) if mode == "graph" else fn) if fn is not None else None
-                         for name, fn in impl.items()}
-                time_all = ((lambda fns: alternating(fns, args.alternate_ms, device)) if args.alternate_ms
-                            else None)
-                times, rounds = timed_rounds(c.name, mode, calls, timer, args.repeats, time_all)
-                del calls
+            per_placement = []
+            for impl in impls:
+                with torch.inference_mode():
+                    calls = {name: (graphed(fn) if mode == "graph" else fn) if fn is not None else None
+                             for name, fn in impl.items()}
+                    time_all = ((lambda fns: alternating(fns, args.alternate_ms, device)) if args.alternate_ms
+                                else None)
+                    per_placement.append(timed_rounds(c.name, mode, calls, timer, args.repeats, time_all))
+                    del calls
+            times, rounds = merge_placements(per_placement)
             rows.append({
                 "case": c.name,
                 "timing": mode,
+                "place": place,
                 "ours_ms": times.pop("ours"),
                 "peers_ms": {p: times.get(p) for p in PEERS},
                 "floor_ms": floor,
@@ -468,7 +509,7 @@ def run(args) -> dict:
                 **({"ours_again_ms": times.get("ours_again")} if "ours_again" in times else {}),
                 **rounds,
             })
-        del t, ref, impl
+        del ts, ref, impls
         if device == "cuda":
             torch.cuda.empty_cache()
         print(f"[bench] {c.name} done in {time.time() - tc:.1f}s", flush=True)
@@ -512,6 +553,9 @@ def print_table(res: dict) -> None:
         line += " ".join(f"{fmt(peers.get(p)):>10s}" for p in PEERS)
         line += f" {r['floor_ms']:8.4f} {ratio} {over_floor}"
         again = r.get("ours_again_ms")
+        pl = r.get("placement_ms", {}).get("ours")
+        if pl:
+            line += f"  ours over {len(pl)} placements {min(pl):.4f}-{max(pl):.4f}"
         print(line + rounds_text(r) + (f"  ours timed again last: {again:.4f} ({again / ours:.3f} x)" if again and ours
                                        else ""))
     print("times in ms (median); ours/best: against the fastest of eager, compile, liger"
@@ -571,11 +615,21 @@ def main() -> None:
     p.add_argument("--reverse", action="store_true",
                    help="run the selected cases in the reverse order (a case's place in the process can move "
                         "its times: NOTES.md, session 37)")
+    p.add_argument("--placements", type=int, default=1,
+                   help="allocate each case's inputs this many times (same values, other addresses) and "
+                        "pool the rounds of all: the row's median is over where the weights lie (default 1)")
+    p.add_argument("--twice", action="store_true",
+                   help="run each selected case twice in a row, with the same input values (rows carry "
+                        "their \"place\" in the process)")
+    p.add_argument("--pause-s", type=float, default=0.0,
+                   help="seconds the GPU stays idle before each case after the first (default 0)")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": dry run of the script
     p.add_argument("--shrink", type=int, default=1, help=argparse.SUPPRESS)  # divide all sizes (dry runs)
     args = p.parse_args()
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.placements < 1:
+        p.error("--placements must be >= 1")
     res = run(args)
     print_table(res)
     for k, v in res["down_choice"].items():

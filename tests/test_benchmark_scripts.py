@@ -77,6 +77,39 @@ def test_bench_mlp_case_order(tmp_path, reverse):
     assert cases == (want[::-1] if reverse else want)
 
 
+def test_bench_mlp_twice(tmp_path):
+    """--twice runs each case again right after itself, and each row names its place in the process."""
+    out = tmp_path / "fwd.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_mlp.py"), "--device", "cpu", "--shrink", "64",
+         "--cases", "mlp_gelu_tanh_m8192_d768_h3072_bf16", "--skip-peers", "compile,liger", "--twice",
+         "--pause-s", "0.1", "--out", str(out), "--plot", str(tmp_path / "p.png")],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["case"], r["place"]) for r in rows] == [("mlp_gelu_tanh_m8192_d768_h3072_bf16", 0),
+                                                      ("mlp_gelu_tanh_m8192_d768_h3072_bf16", 1)]
+    assert res.stdout.count("mlp_gelu_tanh_m8192_d768_h3072_bf16 done in") == 2
+
+
+def test_bench_mlp_placements(tmp_path):
+    """--placements P times every implementation on P allocations of the inputs and pools their
+    rounds: the row's median is over all P x repeats rounds, each placement's median kept."""
+    out = tmp_path / "fwd.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_mlp.py"), "--device", "cpu", "--shrink", "64",
+         "--cases", "mlp_gelu_tanh_m8192_d768_h3072_bf16", "--skip-peers", "compile,liger", "--placements", "3",
+         "--repeats", "2", "--out", str(out), "--plot", str(tmp_path / "p.png")],
+        capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    for name in ("ours", "eager", "gemms_only"):
+        assert len(row["rounds_ms"][name]) == 6 and len(row["placement_ms"][name]) == 3
+    assert row["ours_ms"] == statistics.median(row["rounds_ms"]["ours"])
+    assert row["peers_ms"]["eager"] == statistics.median(row["rounds_ms"]["eager"])
+    assert len(row["ratio_per_round"]) == 6
+
+
 def test_run_info_names_the_switches_set_at_start():
     """A results file's command carries the FUSED_MLP_* switches the script was started with,
     not those it set itself later (an A/B's sides)."""
