@@ -613,8 +613,8 @@ def main() -> None:
                    help="time fused-mlp's call a second time, last in each round (row field ours_again_ms): "
                         "the timing method's bias between the first and the last place of a round")
     p.add_argument("--reverse", action="store_true",
-                   help="run the selected cases in the reverse order (a case's place in the process can move "
-                        "its times: NOTES.md, session 37)")
+                   help="run the selected cases in the reverse order (session 37 saw a case's place in the "
+                        "process move its times; session 38 traced that to its one allocation: --placements)")
     p.add_argument("--placements", type=int, default=1,
                    help="allocate each case's inputs this many times (same values, other addresses) and "
                         "pool the rounds of all: the row's median is over where the weights lie (default 1)")
