@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+import torch.nn.functional as F
 
 
 def module_version(name: str) -> Optional[str]:
@@ -70,6 +71,12 @@ def swiglu_operands(m: int = 4096, d: int = 4096, h: int = 14336, dtype: torch.d
     bf = dict(device="cuda", dtype=dtype)
     return (torch.randn(m, d, **bf), torch.randn(h, d, **bf) * d**-0.5, torch.randn(h, d, **bf) * d**-0.5,
             torch.randn(d, h, **bf) * h**-0.5)
+
+
+def swiglu_eager(x, wg, wu, wd):
+    """The SwiGLU block as eager PyTorch runs it (three F.linear, SiLU, product): the micro
+    scripts' peer, and what they hand torch.compile."""
+    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
 
 
 def warm_up(fn: Callable[[], object], calls: int = 2) -> None:

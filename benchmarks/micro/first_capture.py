@@ -20,15 +20,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import DTYPES, graphed, interleaved_us, l2_evictor, local_package, swiglu_operands, write_report  # noqa: E402
-
-
-def eager(x, wg, wu, wd):
-    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+from _common import DTYPES, graphed, interleaved_us, l2_evictor, local_package, swiglu_eager as eager, swiglu_operands, write_report  # noqa: E402
 
 
 def kernels_of(replay, evict, replays: int = 20) -> list:

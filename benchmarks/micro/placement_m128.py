@@ -22,14 +22,9 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import DTYPES, graphed, interleaved_us, local_package, swiglu_operands, write_report  # noqa: E402
-
-
-def eager(x, wg, wu, wd):
-    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+from _common import DTYPES, graphed, interleaved_us, local_package, swiglu_eager as eager, swiglu_operands, write_report  # noqa: E402
 
 
 def main() -> None:
