@@ -398,3 +398,16 @@ def test_with_env_sets_the_switch_for_each_call_and_restores_it(monkeypatch):
     with pytest.raises(ValueError):
         common.with_env(boom, name, "0")()
     assert seen == ["0", "0"] and os.environ[name] == "1"
+
+
+@pytest.mark.parametrize("layout", ["reserve:1", "model"])
+def test_alloc_regime_dry_run(layout):
+    """micro/alloc_regime.py's CPU dry run: every layout builds its operand sets (the model one
+    through save_pretrained / from_pretrained) and the script checks each call against fp64."""
+    pytest.importorskip("transformers")
+    res = subprocess.run([sys.executable, str(BENCH / "micro" / "alloc_regime.py"), "--dry-run", "--layout", layout,
+                          "--layers", "2", "--time-layers", "0,1"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("[alloc-regime] dry run:")][-1]
+    want = ["ours_layer0", "ours_layer1", "ours_later"] if layout == "model" else ["ours_first", "ours_later"]
+    assert all(f"'{n}'" in line for n in want), line
