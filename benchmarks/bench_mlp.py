@@ -361,20 +361,21 @@ def timed_rounds(case: str, mode: str, fns: dict, time_one, repeats: int,
 def merge_placements(results: list) -> tuple[dict, dict]:
     """timed_rounds' results for each placement of a case's inputs, as one: with one placement
     unchanged; with more, every placement's rounds pooled (the row's median is over all of them)
-    and each placement's own median kept (`placement_ms`)."""
+    and each placement's own median kept (`placement_ms`). Ours / the best peer is taken round by
+    round within each placement, so an implementation missing from one placement shifts nothing."""
     if len(results) == 1:
         return results[0]
     runs: dict = {}
     medians: dict = {}
+    ratios: list = []
     for times, extra in results:
         per = extra.get("rounds_ms") or {n: [t] for n, t in times.items() if t is not None}
-        for n in times:
-            if times[n] is None:
-                continue
+        ratios += ratio_per_round(per)
+        for n in per:
             runs.setdefault(n, []).extend(per[n])
             medians.setdefault(n, []).append(times[n])
     times = {n: (statistics.median(runs[n]) if n in runs else None) for n in results[0][0]}
-    return times, {"rounds_ms": runs, "ratio_per_round": ratio_per_round(runs), "placement_ms": medians}
+    return times, {"rounds_ms": runs, "ratio_per_round": ratios, "placement_ms": medians}
 
 
 def alternating_rounds(fns: dict, budget_ms: float, device: str, repeats: int, before=None) -> tuple[dict, dict]:
@@ -488,13 +489,12 @@ def run(args) -> dict:
             # --repeats R: R rounds, each timing every implementation once in turn, so that
             # a drift of the GPU's clocks or of the host touches all of them alike; the row
             # holds each one's median over the rounds, and every round's time.
+            time_all = (lambda fns: alternating(fns, args.alternate_ms, device)) if args.alternate_ms else None
             per_placement = []
             for impl in impls:
                 with torch.inference_mode():
                     calls = {name: (graphed(fn) if mode == "graph" else fn) if fn is not None else None
                              for name, fn in impl.items()}
-                    time_all = ((lambda fns: alternating(fns, args.alternate_ms, device)) if args.alternate_ms
-                                else None)
                     per_placement.append(timed_rounds(c.name, mode, calls, timer, args.repeats, time_all))
                     del calls
             times, rounds = merge_placements(per_placement)

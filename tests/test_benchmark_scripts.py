@@ -110,6 +110,18 @@ def test_bench_mlp_placements(tmp_path):
     assert len(row["ratio_per_round"]) == 6
 
 
+def test_merge_placements_pairs_rounds_within_each_placement():
+    """A peer that failed on one placement must not shift the other placements' ratios."""
+    bm = _load("bench_mlp_under_test", BENCH / "bench_mlp.py")
+    first = ({"ours": 1.0, "eager": 2.0, "compile": None}, {"rounds_ms": {"ours": [1.0, 1.0], "eager": [2.0, 2.0]}})
+    second = ({"ours": 3.0, "eager": 6.0, "compile": 4.0},
+              {"rounds_ms": {"ours": [3.0, 3.0], "eager": [6.0, 6.0], "compile": [4.0, 4.0]}})
+    times, extra = bm.merge_placements([first, second])
+    assert extra["ratio_per_round"] == [0.5, 0.5, 0.75, 0.75]
+    assert times == {"ours": 2.0, "eager": 4.0, "compile": 4.0}
+    assert extra["placement_ms"] == {"ours": [1.0, 3.0], "eager": [2.0, 6.0], "compile": [4.0]}
+
+
 def test_run_info_names_the_switches_set_at_start():
     """A results file's command carries the FUSED_MLP_* switches the script was started with,
     not those it set itself later (an A/B's sides)."""
