@@ -6,6 +6,8 @@ This captures the op three times (G0 first, G1 again on the same operands, G2 on
 allocated anew), plus eager and torch.compile, times all interleaved call by call with L2
 evicted by a fill (_common.interleaved_us), and lists the kernels of one replay of each of the
 op's graphs (name, grid, block, median duration over 20 replays) from a torch.profiler trace.
+Its answer (session 38, call 4): not the capture (G0 = G1) but the allocation (G2 slower, in the
+gate/up kernel).
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/first_capture.py [--m 128] [--dtype bf16] [--out F]
 """

@@ -35,12 +35,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from kernels import get_kernel
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import DTYPES, graphed, l2_evictor, swiglu_operands  # noqa: E402
+from _common import DTYPES, graphed, l2_evictor, swiglu_eager, swiglu_operands  # noqa: E402
 
 
 def median(v: list[float]) -> float:
@@ -64,7 +63,7 @@ def main() -> None:
     if a.case == "swiglu":
         x, wg, wu, wd = swiglu_operands(m=a.m or 4096, dtype=dt)
         if a.impl == "eager":  # the peers' eager form: three cuBLAS GEMMs, SiLU, the product
-            call = lambda: F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)  # noqa: E731
+            call = lambda: swiglu_eager(x, wg, wu, wd)  # noqa: E731
         else:
             call = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")  # noqa: E731
     else:
