@@ -5,10 +5,10 @@
 #
 #   bash tools/gpu_session.sh [steps...]
 #   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 host-overhead bench-mlp bench-decode bench-train
-#          mem-trace kernel-config profile matrix demo
+#          mem-trace kernel-config profile matrix demo alloc-regime
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
-#   MATRIX_ARGS / MATRIX_TESTS
+#   MATRIX_ARGS / MATRIX_TESTS, ALLOC_REGIME_LAYOUTS / ALLOC_REGIME_RUNS / ALLOC_REGIME_ARGS
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -149,6 +149,20 @@ if has profile; then
   tail -40 "$OUT/profile_post_h200.txt" | tee -a "$LOG"
   # one archive: the device tool brings back only a few files per call
   tar czf "$OUT/profile_post_traces.tar.gz" -C "$OUT" traces && rm -rf "$OUT/traces"
+fi
+if has alloc-regime; then
+  # NOTES, plan written at the end of session 38, item 1: one process per layout and run (the
+  # effect is about a process's allocation history); the JSON files go back as one archive.
+  step "alloc-regime ${ALLOC_REGIME_LAYOUTS:-first after:2 reserve:12 model} x ${ALLOC_REGIME_RUNS:-3}"
+  mkdir -p "$OUT/alloc_regime"
+  for run in $(seq 1 "${ALLOC_REGIME_RUNS:-3}"); do
+    for layout in ${ALLOC_REGIME_LAYOUTS:-first after:2 reserve:12 model}; do
+      extra=""; [ "$layout" = model ] && extra="--layers 8 --time-layers 0,7"
+      timeout 240 $PY benchmarks/micro/alloc_regime.py --layout "$layout" $extra ${ALLOC_REGIME_ARGS:-} \
+        --out "$OUT/alloc_regime/${layout/:/_}_run${run}.json" 2>&1 | grep -E "alloc-regime|Error|Traceback" | tee -a "$LOG"
+    done
+  done
+  tar czf "$OUT/alloc_regime.tar.gz" -C "$OUT" alloc_regime && rm -rf "$OUT/alloc_regime"
 fi
 if has demo; then
   step demo
