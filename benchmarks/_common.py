@@ -144,6 +144,21 @@ def interleaved_us(fns: dict, eviction: str = "fill", reps: int = 40, rounds: in
     return {n: (statistics.median(v), v) for n, v in per_round.items()}
 
 
+def trace_events(prof, cats: tuple = ("kernel",)) -> list:
+    """The events of a finished torch.profiler run whose category is in `cats` ("kernel",
+    "gpu_memset", "gpu_memcpy", "cpu_op", ...), sorted by start time, as the run's Chrome trace
+    holds them: unlike prof.events(), a kernel's entry there carries its grid and block. Once
+    per run: torch exports a run's trace only once."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    return sorted((e for e in trace["traceEvents"] if e.get("cat") in cats), key=lambda e: e["ts"])
+
+
 def local_package(*submodules: str):
     """fused-mlp as users load it (kernels.get_kernel), from this checkout's staged Hub cache
     (.hub-cache, offline) unless KERNELS_CACHE / HF_HUB_OFFLINE say otherwise: the package

@@ -423,3 +423,20 @@ def test_alloc_regime_dry_run(layout):
     line = [ln for ln in res.stdout.splitlines() if ln.startswith("[alloc-regime] dry run:")][-1]
     want = ["ours_layer0", "ours_layer1", "ours_later"] if layout == "model" else ["ours_first", "ours_later"]
     assert all(f"'{n}'" in line for n in want), line
+
+
+def test_trace_events_reads_the_profiled_run_in_start_order():
+    """_common.trace_events (first_capture / graph_head_tail read kernels' grids from it): the
+    events of the asked categories only, in start order, with the trace's own fields."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    common = _load("common_trace_under_test", BENCH / "_common.py")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("first_range"):
+            torch.ones(8).sum()
+        with record_function("second_range"):
+            torch.zeros(8).sum()
+    events = common.trace_events(prof, ("user_annotation", "cpu_op"))
+    assert {e["cat"] for e in events} == {"user_annotation", "cpu_op"}  # no others (e.g. python_function)
+    assert [e["name"] for e in events if e["cat"] == "user_annotation"] == ["first_range", "second_range"]
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)

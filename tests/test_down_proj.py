@@ -72,6 +72,18 @@ def test_kept_launcher(tg):
     assert tg._kept_launcher(object(), (5, 1, 1)) is None
 
 
+@pytest.fixture
+def fake_cuda(tg, monkeypatch):
+    """CPU tensors dressed as CUDA ones for down_parts, with no eager call seen yet; returns a
+    one-item list whose value says whether a CUDA-graph capture is under way (False at first)."""
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    return capturing
+
+
 def test_switch_is_validated(tg, monkeypatch):
     h, w = torch.zeros(2, 16), torch.zeros(4, 16)
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "3")
@@ -82,18 +94,13 @@ def test_switch_is_validated(tg, monkeypatch):
     assert tg.split_parts_allowed(h, w, None) == ()
 
 
-def test_switch_modes(tg, monkeypatch):
+def test_switch_modes(tg, monkeypatch, fake_cuda):
     """With the size / device rule faked to allow both splits: "0" never looks at the tensors, a
     forced count is taken only where allowed, an untimed bucket (FUSED_MLP_AUTOTUNE=0) is F.linear
     and caches nothing, a cached choice is reused without timing: by "auto" in every call, by
     "graphs" (the default) only in a capture."""
     h, w = torch.zeros(40, 64), torch.zeros(8, 64)
-    # CPU tensors dressed as CUDA ones, outside any capture unless the test says so
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())
-    capturing = [False]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    capturing = fake_cuda
     monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked while off"))
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "0")
     assert tg.down_parts(h, w, None) == 1
@@ -125,7 +132,7 @@ def test_switch_modes(tg, monkeypatch):
         assert tg.down_parts(h, w, None) == 1, mode
 
 
-def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch):
+def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch, fake_cuda):
     """The default mode times the forms on an eager call (fake timings: split 2 fastest), caches
     the choice, still returns F.linear there, and the capture then takes the split."""
     h, w = torch.zeros(40, 64), torch.zeros(8, 64)
@@ -135,16 +142,12 @@ def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch):
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
     monkeypatch.setattr(tg, "_DOWN_TIMES", {})
     monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())
     monkeypatch.setattr(tg, "_on_device", lambda t: contextlib.nullcontext())
     # the forms' callables are timed in the order F.linear, 2, 4 (x 3 rounds)
     fake = iter([1.0, 0.9, 0.95] * 3)
     timed = []
     monkeypatch.setattr(tg, "_device_time_ms", lambda fn: timed.append(fn) or next(fake))
-    capturing = [False]
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    capturing = fake_cuda
     assert tg.down_parts(h, w, None) == 1 and len(timed) == 9
     assert list(tg._DOWN_CHOICE.values()) == [2]
     assert list(tg._DOWN_TIMES.values()) == [{1: 1.0, 2: 0.9, 4: 0.95}]

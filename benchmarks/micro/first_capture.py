@@ -15,17 +15,15 @@ gate/up kernel).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import DTYPES, graphed, interleaved_us, l2_evictor, local_package, swiglu_eager as eager, swiglu_operands, write_report  # noqa: E402
+from _common import DTYPES, graphed, interleaved_us, l2_evictor, local_package, swiglu_eager as eager, swiglu_operands, trace_events, write_report  # noqa: E402
 
 
 def kernels_of(replay, evict, replays: int = 20) -> list:
@@ -35,12 +33,7 @@ def kernels_of(replay, evict, replays: int = 20) -> list:
             evict()
             replay()
         torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "t.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
-    evs = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    evs = [e for e in evs if "fill" not in e["name"].lower() and "FillFunctor" not in e["name"]]
+    evs = [e for e in trace_events(prof) if "fill" not in e["name"].lower() and "FillFunctor" not in e["name"]]
     per = len(evs) // replays
     out = []
     for k in range(per):

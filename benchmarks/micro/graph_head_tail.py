@@ -13,10 +13,8 @@ event). Medians over the calls; the same operands for all.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -24,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_mlp  # noqa: E402
-from _common import DTYPES, graphed, local_package, swiglu_eager as eager, swiglu_operands, write_report  # noqa: E402
+from _common import DTYPES, graphed, local_package, swiglu_eager as eager, swiglu_operands, trace_events, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -61,12 +59,7 @@ def main() -> None:
                 order.append(n)
                 events.append((s, e))
         torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "t.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
-    gpu = sorted((e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
-                 key=lambda e: e["ts"])
+    gpu = trace_events(prof, ("kernel", "gpu_memset", "gpu_memcpy"))
     # each call: a flush (the memset or fill that zero_ launches), then the call's own GPU work
     is_flush = [("fill" in e["name"].lower() or e.get("cat") == "gpu_memset") and e["dur"] > 30 for e in gpu]
     starts = [i for i, f in enumerate(is_flush) if f]
