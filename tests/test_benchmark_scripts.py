@@ -110,6 +110,18 @@ def test_bench_mlp_placements(tmp_path):
     assert len(row["ratio_per_round"]) == 6
 
 
+@pytest.mark.parametrize("flag", ["--placements", "--repeats"])
+def test_bench_mlp_rejects_counts_below_one(tmp_path, flag):
+    """Zero placements or rounds would time nothing: a usage error naming the flag, before any work."""
+    out = tmp_path / "fwd.json"
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "bench_mlp.py"), "--device", "cpu", "--shrink", "64",
+         "--cases", "mlp_gelu_tanh_m8192_d768_h3072_bf16", flag, "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and f"{flag} must be >= 1" in res.stderr
+    assert not out.exists()
+
+
 def test_merge_placements_pairs_rounds_within_each_placement():
     """A peer that failed on one placement must not shift the other placements' ratios."""
     bm = _load("bench_mlp_under_test", BENCH / "bench_mlp.py")

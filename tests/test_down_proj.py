@@ -163,6 +163,25 @@ def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch, fake_cud
     assert tg.down_parts(torch.zeros(513, 64), w, None) == 1
 
 
+@pytest.mark.parametrize("has_sleep", [True, False])
+def test_device_time_sleeps_only_where_torch_can(tg, monkeypatch, has_sleep):
+    """The forms' timing queues its calls behind torch.cuda._sleep (a private torch function);
+    where a torch lacks it the calls are timed as they come instead of failing."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    slept, loops = [], []
+    if has_sleep:
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles), raising=False)
+    else:
+        monkeypatch.delattr(torch.cuda, "_sleep", raising=False)
+    monkeypatch.setattr(tg, "_loop_ms", lambda fn, reps: loops.append(reps) or 0.25)
+    calls = []
+    assert tg._device_time_ms(lambda: calls.append(1), reps=5) == 0.25
+    assert len(calls) == 6 and loops == [5]  # one warm call, then the host-timed pass
+    assert len(slept) == (1 if has_sleep else 0)
+    if has_sleep:
+        assert 2e5 <= slept[0] <= 2**40
+
+
 def test_interpreted_ops_reject_a_bad_switch(fused_mlp, monkeypatch):
     """The switch is read by the Triton path's down projection: a bad value is a clear error
     there too (here through the interpreter on CPU tensors)."""
