@@ -163,6 +163,31 @@ def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch, fake_cud
     assert tg.down_parts(torch.zeros(513, 64), w, None) == 1
 
 
+@pytest.mark.parametrize(
+    "rounds, expected",
+    [
+        # F.linear, split 2, split 4 per round. Split 4's one fast round (a min would pick it)
+        # and F.linear's one slow round (a mean would let split 4 through) do not decide.
+        ([(1.0, 0.95, 2.0), (3.0, 0.95, 0.1), (1.0, 0.95, 0.96)], 2),
+        # the best split's median 0.995 of F.linear's: under _SPLIT_MIN_GAIN, F.linear stays
+        ([(1.0, 0.995, 1.2), (1.0, 0.5, 1.2), (1.0, 0.995, 1.2)], 1),
+    ],
+)
+def test_down_forms_are_judged_by_their_median_round(tg, monkeypatch, rounds, expected):
+    key = ("bucket",)
+    monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
+    monkeypatch.setattr(tg, "_DOWN_TIMES", {})
+    monkeypatch.setattr(tg, "_on_device", lambda t: contextlib.nullcontext())
+    assert tg._DOWN_ROUNDS == len(rounds)
+    fake = iter([ms for r in rounds for ms in r])
+    monkeypatch.setattr(tg, "_device_time_ms", lambda fn: next(fake))
+    h, w = torch.zeros(4, 64), torch.zeros(8, 64)
+    assert tg._time_down_forms(h, w, None, (2, 4), key) == expected
+    assert tg._DOWN_CHOICE == {key: expected}
+    medians = [sorted(r[i] for r in rounds)[1] for i in range(3)]
+    assert tg._DOWN_TIMES[key] == dict(zip((1, 2, 4), medians))
+
+
 @pytest.mark.parametrize("has_sleep", [True, False])
 def test_device_time_sleeps_only_where_torch_can(tg, monkeypatch, has_sleep):
     """The forms' timing queues its calls behind torch.cuda._sleep (a private torch function);

@@ -69,6 +69,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import statistics
 import sys
 import time
 from typing import NamedTuple, Optional
@@ -1195,6 +1196,8 @@ _SPLIT_PARTS = (2, 4)
 _SPLIT_MAX_M = 512
 # A split form is kept only if it is at least this much faster than F.linear when timed.
 _SPLIT_MIN_GAIN = 0.01
+# Interleaved rounds of that timing; each form is judged by its median round.
+_DOWN_ROUNDS = 3
 # (M bucket, N, K, dtype, device, bias, weight K-contiguous) -> parts (1: F.linear)
 _DOWN_CHOICE: dict[tuple, int] = {}
 # the same key -> {parts: ms} as timed (1: F.linear), for inspection
@@ -1366,16 +1369,16 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
 
 
 def _time_down_forms(h: Tensor, weight: Tensor, bias: Optional[Tensor], allowed: tuple, key: tuple) -> int:
-    """Times F.linear and each allowed split by GPU time in 3 interleaved rounds, caches and
-    returns the choice: the fastest split if it beats F.linear's median by _SPLIT_MIN_GAIN."""
+    """Times F.linear and each allowed split by GPU time in _DOWN_ROUNDS interleaved rounds, caches
+    and returns the choice: the split of lowest median if it beats F.linear's by _SPLIT_MIN_GAIN."""
     forms = {1: lambda: F.linear(h, weight, bias)}
     forms.update({s: (lambda s=s: split_linear(h, weight, bias, s)) for s in allowed})
     rounds: dict = {p: [] for p in forms}
     with _on_device(h):
-        for _ in range(3):
+        for _ in range(_DOWN_ROUNDS):
             for p, fn in forms.items():
                 rounds[p].append(_device_time_ms(fn))
-    times = {p: sorted(v)[1] for p, v in rounds.items()}
+    times = {p: statistics.median(v) for p, v in rounds.items()}
     base = times.pop(1)
     best = min(times, key=times.get)
     chosen = best if times[best] < (1.0 - _SPLIT_MIN_GAIN) * base else 1
