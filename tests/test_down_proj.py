@@ -163,6 +163,34 @@ def test_untimed_bucket_is_timed_once_by_an_eager_call(tg, monkeypatch, fake_cud
     assert tg.down_parts(torch.zeros(513, 64), w, None) == 1
 
 
+def test_eager_calls_skip_the_rule_with_autotuning_off(tg, monkeypatch, fake_cuda):
+    """FUSED_MLP_AUTOTUNE=0, default mode: an eager call would time nothing, so it returns
+    F.linear without the rule's host time; a capture then finds nothing cached (F.linear), and
+    with autotuning switched back on the next eager call times the forms for later captures."""
+    h, w = torch.zeros(40, 64), torch.zeros(8, 64)
+    monkeypatch.delenv("FUSED_MLP_DOWN_SPLIT", raising=False)
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
+    monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
+    monkeypatch.setattr(tg, "_DOWN_TIMES", {})
+    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())
+    monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
+    monkeypatch.setattr(tg, "_on_device", lambda t: contextlib.nullcontext())
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked"))
+    capturing = fake_cuda
+    for _ in range(2):
+        assert tg.down_parts(h, w, None) == 1
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2, 4))
+    capturing[0] = True
+    assert tg.down_parts(h, w, None) == 1 and tg._DOWN_CHOICE == {}  # nothing timed, nothing cached
+    capturing[0] = False
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
+    fake = iter([1.0, 0.9, 0.95] * tg._DOWN_ROUNDS)
+    monkeypatch.setattr(tg, "_device_time_ms", lambda fn: next(fake))
+    assert tg.down_parts(h, w, None) == 1 and list(tg._DOWN_CHOICE.values()) == [2]
+    capturing[0] = True
+    assert tg.down_parts(h, w, None) == 2
+
+
 @pytest.mark.parametrize(
     "rounds, expected",
     [
