@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import statistics
 
 import pytest
 import torch
@@ -172,7 +173,6 @@ def test_eager_calls_skip_the_rule_with_autotuning_off(tg, monkeypatch, fake_cud
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
     monkeypatch.setattr(tg, "_DOWN_TIMES", {})
-    monkeypatch.setattr(tg, "_DOWN_EAGER_SEEN", set())
     monkeypatch.setattr(tg, "_device_key", lambda i: ("fake", (9, 0)))
     monkeypatch.setattr(tg, "_on_device", lambda t: contextlib.nullcontext())
     monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: pytest.fail("the rule checked"))
@@ -212,7 +212,7 @@ def test_down_forms_are_judged_by_their_median_round(tg, monkeypatch, rounds, ex
     h, w = torch.zeros(4, 64), torch.zeros(8, 64)
     assert tg._time_down_forms(h, w, None, (2, 4), key) == expected
     assert tg._DOWN_CHOICE == {key: expected}
-    medians = [sorted(r[i] for r in rounds)[1] for i in range(3)]
+    medians = [statistics.median(form) for form in zip(*rounds)]
     assert tg._DOWN_TIMES[key] == dict(zip((1, 2, 4), medians))
 
 
