@@ -1342,11 +1342,12 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
     if eager_only:
         # Only the first eager call of its kind goes through the rule and times the forms (for
         # a later capture): the others skip the rule's ~5 us of host time (session 36). With
-        # autotuning off there is nothing to time, so no eager call goes through the rule.
-        if h.shape[0] > _SPLIT_MAX_M or not _autotune_enabled():
+        # autotuning off there is nothing to time, so no eager call goes through the rule (the
+        # switch is read after the lookup, so the seen calls, the common case, skip the env read).
+        if h.shape[0] > _SPLIT_MAX_M:
             return 1
         seen = (h.shape, h.dtype, h.device, weight.shape, weight.stride(), bias is None)
-        if seen in _DOWN_EAGER_SEEN:
+        if seen in _DOWN_EAGER_SEEN or not _autotune_enabled():
             return 1
     allowed = split_parts_allowed(h, weight, bias)
     if allowed and mode not in ("graphs", "auto"):
