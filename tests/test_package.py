@@ -132,3 +132,30 @@ def test_stage_without_a_build_says_so(tmp_path):
 
     with pytest.raises(SystemExit, match="no built variant in"):
         stage_cache.variant_dirs(tmp_path / "build", None)
+
+
+def test_python_refresh_checks_the_carried_extension(fused_mlp, tmp_path):
+    # `build_variant.py --python-only` (gpu_session.sh's "stage" of a carried build/) recopies
+    # the Python files only where the extension is the one these sources would compile: the
+    # staged build (made from this tree just before the tests) passes and gets this tree's
+    # Python back; the same build under another id is refused, its files left as they were.
+    import shutil
+
+    variant = build_variant.variant_name("cpu")
+    dst = tmp_path / variant
+    shutil.copytree(Path(fused_mlp.__file__).parent, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "reference.py").write_text("# an older tree's file\n")
+    build_variant.refresh_python("cpu", tmp_path)
+    assert (dst / "reference.py").read_text() == (build_variant.PACKAGE_DIR / "reference.py").read_text()
+
+    meta = json.loads((dst / "metadata.json").read_text())
+    meta["id"] = "_fused_mlp_cpu_0123456789"
+    (dst / "metadata.json").write_text(json.dumps(meta))
+    (dst / "reference.py").write_text("# an older tree's file\n")
+    with pytest.raises(SystemExit, match=f"{variant} is stale: it was built as _fused_mlp_cpu_0123456789"):
+        build_variant.refresh_python("cpu", tmp_path)
+    assert (dst / "reference.py").read_text() == "# an older tree's file\n"
+
+    (dst / "metadata.json").unlink()
+    with pytest.raises(SystemExit, match="gives no build id"):
+        build_variant.refresh_python("cpu", tmp_path)

@@ -34,6 +34,7 @@ import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -299,21 +300,19 @@ def copy_package(dst: Path) -> None:
         shutil.copy2(src, dst / rel)
 
 
-def refresh_python(backend: str, out_root: Path) -> Path:
-    """Recopy the Python package into an already built variant (no recompile)."""
-    dst = out_root / variant_name(backend)
-    if not any(dst.glob("*.abi3.so")):
-        raise SystemExit(f"[build] {dst} has no built extension: run a full build first")
-    ops_py = (dst / "_ops.py").read_text()
-    for f in dst.rglob("*.py"):
-        f.unlink()
-    copy_package(dst)
-    (dst / "_ops.py").write_text(ops_py)
-    log(f"refreshed the Python files of {dst.name}")
-    return dst
+class Plan(NamedTuple):
+    """What a build of one variant compiles, and the op namespace that follows from it."""
+
+    conf: dict
+    files: list[Path]
+    compiled: list[Path]
+    per_file: dict[Path, list[str]]
+    archs: list[str]
+    variant: str
+    ext_name: str
 
 
-def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, verbose: bool) -> Path:
+def plan(backend: str, archs_override: str | None) -> Plan:
     conf = read_build_toml()
     general = conf["general"]
     if backend not in general["backends"]:
@@ -326,6 +325,7 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
     import torch
 
     archs: list[str] = []
+    per_file: dict[Path, list[str]] = {}
     if backend == "cuda":
         if not torch.version.cuda:
             raise SystemExit("[build] the installed torch has no CUDA support; use --backend cpu")
@@ -347,10 +347,45 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
         files = [f for f in files if f not in skipped]
         compiled = [f for f in compiled if f not in skipped]
 
-    name = general["name"]
-    variant = variant_name(backend)
     ident = content_id(files, backend, f"{torch.__version__}|{','.join(archs)}")
-    ext_name = f"_{name.replace('-', '_')}_{backend}_{ident}"
+    ext_name = f"_{general['name'].replace('-', '_')}_{backend}_{ident}"
+    return Plan(conf, files, compiled, per_file, archs, variant_name(backend), ext_name)
+
+
+def refresh_python(backend: str, out_root: Path, archs_override: str | None = None) -> Path:
+    """Recopy the Python package into an already built variant (no recompile), after
+    checking that its extension is the one these sources, this torch and these
+    capabilities would build (a build carried from another machine or an older tree
+    would otherwise run stale kernels under fresh Python)."""
+    import torch
+
+    want = plan(backend, archs_override)
+    dst = out_root / want.variant
+    if not any(dst.glob("*.abi3.so")):
+        raise SystemExit(f"[build] {dst} has no built extension: run a full build first")
+    try:
+        have = json.loads((dst / "metadata.json").read_text())["id"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"[build] {dst / 'metadata.json'} gives no build id ({e}): run a full build")
+    if have != want.ext_name:
+        raise SystemExit(
+            f"[build] {dst.name} is stale: it was built as {have}, these sources with torch "
+            f"{torch.__version__} and capabilities {want.archs or '(cpu)'} give {want.ext_name}; "
+            "run a full build (same --archs as the build you mean to keep)")
+    ops_py = (dst / "_ops.py").read_text()
+    for f in dst.rglob("*.py"):
+        f.unlink()
+    copy_package(dst)
+    (dst / "_ops.py").write_text(ops_py)
+    log(f"refreshed the Python files of {dst.name} (extension {have} matches the sources)")
+    return dst
+
+
+def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, verbose: bool) -> Path:
+    pl = plan(backend, archs_override)
+    conf, compiled, per_file, archs, variant, ext_name = (
+        pl.conf, pl.compiled, pl.per_file, pl.archs, pl.variant, pl.ext_name)
+    general = conf["general"]
     dst = out_root / variant
     log(f"variant {variant}, op namespace {ext_name}" + (f", archs {archs}" if archs else ""))
 
@@ -376,7 +411,7 @@ def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, v
     if backend == "cuda":
         backend_meta["archs"] = archs
     metadata = {
-        "name": name,
+        "name": general["name"],
         "id": ext_name,
         "version": general["version"],
         "license": general["license"],
@@ -418,7 +453,7 @@ def main() -> None:
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args()
     if a.python_only:
-        refresh_python(a.backend or detect_backend(), a.out.resolve())
+        refresh_python(a.backend or detect_backend(), a.out.resolve(), a.archs)
         return
     build(a.backend or detect_backend(), a.out.resolve(), a.archs, a.jobs, a.verbose)
 

@@ -49,7 +49,8 @@ if has matrix; then
   cp build/matrix-report.json "$OUT/matrix-report.json" 2>/dev/null
 fi
 if has build || has stage; then
-  # "stage" alone stages a build/ carried from an earlier call (no compile).
+  # "stage" alone stages a build/ carried from an earlier call or made elsewhere for this
+  # torch (no compile), once build_variant.py --python-only has checked it against the sources.
   step "$(has build && echo build || echo stage)"
   if has build && ! has matrix; then
     if ! $PY tools/build_variant.py --jobs 16 ${BUILD_ARGS:-} > "$OUT/build_full.txt" 2>&1; then
@@ -60,6 +61,11 @@ if has build || has stage; then
     fi
     grep "^\[build\]\|error" "$OUT/build_full.txt" | tail -20 | tee -a "$LOG"
     rm -f "$OUT/build_full.txt"
+  elif ! has build && ! has matrix; then
+    # A carried build/: refuse it where these sources, this torch and BUILD_ARGS' capabilities
+    # would compile another extension, else bring its Python files up to this tree's.
+    $PY tools/build_variant.py --python-only ${BUILD_ARGS:-} 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
   fi
   # Nothing staged (no build/, e.g. a "stage" call that did not carry one): no test can load the package.
   $PY tools/stage_cache.py --cache "$KERNELS_CACHE" 2>&1 | tee -a "$LOG" || exit 1
