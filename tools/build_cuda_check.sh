@@ -2,6 +2,10 @@
 # Compile-only check of the CUDA sources on a machine without a GPU: a venv with the
 # CUDA 13.0 build of torch 2.14.1 and the machine's nvcc 13.0 build the
 # torch214-cxx11-cu130 variant for every architecture build.toml lists.
+# FUSED_MLP_CUDA_CHECK_TORCH=2.11.0 builds for that torch instead (the GPU machine's
+# 2.11.0+cu130: the variant it makes there in ~190 s of device time can be made here and
+# carried; gpu_session.sh's "stage" checks it against the sources). Arguments go to
+# build_variant.py.
 #
 # That venv takes 5.5 GiB (3.2 GiB of it NVIDIA's libraries, which `import torch` needs).
 # Where the disk has less room than the install needs, the check says so and is skipped
@@ -9,7 +13,8 @@
 # FUSED_MLP_REQUIRE_CUDA_CHECK=1 to make that case fail instead.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venvs/torch214-cu130"
+TORCH_PIN="${FUSED_MLP_CUDA_CHECK_TORCH:-2.14.1}"
+VENV="$ROOT/.venvs/torch$(echo "$TORCH_PIN" | cut -d. -f1-2 | tr -d .)-cu130"
 # 5.5 GiB measured for the venv (2026-12-03), plus the build and a margin; the variable is for
 # tests/test_build_cuda_check.py, which takes the skip path with it.
 NEED_MIB=${FUSED_MLP_CUDA_CHECK_NEED_MIB:-$(( 7 * 1024 ))}
@@ -18,12 +23,12 @@ if ! { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, kernels
   mkdir -p "$ROOT/.venvs"
   free_mib=$(df -Pm "$ROOT/.venvs" | awk 'NR==2 {print $4}')
   if [ "$free_mib" -lt "$NEED_MIB" ]; then
-    echo "[cuda-check] SKIPPED: installing torch 2.14.1+cu130 needs about ${NEED_MIB} MiB free," \
+    echo "[cuda-check] SKIPPED: installing torch ${TORCH_PIN}+cu130 needs about ${NEED_MIB} MiB free," \
          "$ROOT/.venvs has ${free_mib} MiB; the CUDA sources were not compiled"
     if [ "${FUSED_MLP_REQUIRE_CUDA_CHECK:-0}" = "1" ]; then exit 1; fi
     exit 0
   fi
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --no-cache-dir "torch==2.14.1" "kernels==0.17.2" kernel-abi-check
+  "$VENV/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_PIN" "kernels==0.17.2" kernel-abi-check
 fi
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" "$VENV/bin/python" "$ROOT/tools/build_variant.py" --backend cuda "$@"
