@@ -304,7 +304,6 @@ class Plan(NamedTuple):
     """What a build of one variant compiles, and the op namespace that follows from it."""
 
     conf: dict
-    files: list[Path]
     compiled: list[Path]
     per_file: dict[Path, list[str]]
     archs: list[str]
@@ -349,7 +348,7 @@ def plan(backend: str, archs_override: str | None) -> Plan:
 
     ident = content_id(files, backend, f"{torch.__version__}|{','.join(archs)}")
     ext_name = f"_{general['name'].replace('-', '_')}_{backend}_{ident}"
-    return Plan(conf, files, compiled, per_file, archs, variant_name(backend), ext_name)
+    return Plan(conf, compiled, per_file, archs, variant_name(backend), ext_name)
 
 
 def refresh_python(backend: str, out_root: Path, archs_override: str | None = None) -> Path:
