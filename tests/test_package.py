@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -134,13 +135,42 @@ def test_stage_without_a_build_says_so(tmp_path):
         stage_cache.variant_dirs(tmp_path / "build", None)
 
 
+def test_restaging_removes_only_superseded_staged_snapshots(tmp_path):
+    # tools/prepare.sh restages build/ before every test run; each change of the sources is a
+    # new snapshot, and the ones no ref names any more go. A snapshot another ref names, or one
+    # huggingface_hub downloaded (links into blobs/), stays.
+    import stage_cache
+
+    variant = tmp_path / "build" / "torch-cpu"
+    variant.mkdir(parents=True)
+    (variant / "metadata.json").write_text("{}")
+    (variant / "ops.py").write_text("a = 1\n")
+    repo = tmp_path / "cache" / "kernels--org--fused-mlp"
+    first = stage_cache.stage(tmp_path / "build", tmp_path / "cache", "org/fused-mlp", 1, None)
+    other = repo / "snapshots" / ("1" * 40)  # a snapshot another ref names
+    shutil.copytree(first, other)
+    (repo / "refs" / "main").write_text(other.name)
+    blob = repo / "blobs" / "abc"
+    blob.parent.mkdir()
+    blob.write_text("x")
+    downloaded = repo / "snapshots" / ("2" * 40)  # as huggingface_hub lays out a download
+    downloaded.mkdir()
+    (downloaded / "ops.py").symlink_to(blob)
+
+    assert stage_cache.stage(tmp_path / "build", tmp_path / "cache", "org/fused-mlp", 1, None) == first
+    (variant / "ops.py").write_text("a = 2\n")
+    second = stage_cache.stage(tmp_path / "build", tmp_path / "cache", "org/fused-mlp", 1, None)
+    assert second != first and (repo / "refs" / "v1").read_text() == second.name
+    assert sorted(p.name for p in (repo / "snapshots").iterdir()) == sorted(
+        [second.name, other.name, downloaded.name])
+    assert (second / "build" / "torch-cpu" / "ops.py").read_text() == "a = 2\n"
+
+
 def test_python_refresh_checks_the_carried_extension(fused_mlp, tmp_path):
     # `build_variant.py --python-only` (gpu_session.sh's "stage" of a carried build/) recopies
     # the Python files only where the extension is the one these sources would compile: the
     # staged build (made from this tree just before the tests) passes and gets this tree's
     # Python back; the same build under another id is refused, its files left as they were.
-    import shutil
-
     variant = build_variant.variant_name("cpu")
     dst = tmp_path / variant
     shutil.copytree(Path(fused_mlp.__file__).parent, dst, ignore=shutil.ignore_patterns("__pycache__"))

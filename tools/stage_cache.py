@@ -13,6 +13,9 @@ The layout is huggingface_hub's cache layout for a repo of type `kernel`:
     <cache>/kernels--org--fused-mlp/snapshots/<commit>/build/<variant>/...
 
 The commit is a hash of the staged files, so restaging the same build is a no-op.
+Snapshots this script staged earlier that no ref points to any more are removed, so
+that a cache restaged after every change does not grow by a build each time; a
+snapshot huggingface_hub downloaded (its files are links into blobs/) is never touched.
 
 Usage:
     python tools/stage_cache.py                       # cache from KERNELS_CACHE / HF_HUB_CACHE
@@ -79,7 +82,24 @@ def stage(build_dir: Path, cache: Path, repo_id: str, version: int, only: list[s
     (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
     (repo_dir / "refs" / f"v{version}").write_text(commit)
     print(f"[stage] {repo_id} v{version} -> {snap} ({', '.join(d.name for d in dirs)})")
+    prune(repo_dir)
     return snap
+
+
+def prune(repo_dir: Path) -> list[Path]:
+    """Remove the snapshots of repo_dir that no ref names and that hold no links (so were
+    copied here by stage(), not downloaded); return what was removed."""
+    refs = repo_dir / "refs"
+    kept = {r.read_text().strip() for r in refs.rglob("*") if r.is_file()} if refs.is_dir() else set()
+    removed = []
+    for snap in sorted((repo_dir / "snapshots").iterdir()):
+        if snap.name in kept or not snap.is_dir() or any(p.is_symlink() for p in snap.rglob("*")):
+            continue
+        shutil.rmtree(snap)
+        removed.append(snap)
+    if removed:
+        print(f"[stage] removed {len(removed)} superseded snapshot(s) of {repo_dir.name}")
+    return removed
 
 
 def main() -> None:
