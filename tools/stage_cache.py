@@ -86,20 +86,18 @@ def stage(build_dir: Path, cache: Path, repo_id: str, version: int, only: list[s
     return snap
 
 
-def prune(repo_dir: Path) -> list[Path]:
+def prune(repo_dir: Path) -> None:
     """Remove the snapshots of repo_dir that no ref names and that hold no links (so were
-    copied here by stage(), not downloaded); return what was removed."""
-    refs = repo_dir / "refs"
-    kept = {r.read_text().strip() for r in refs.rglob("*") if r.is_file()} if refs.is_dir() else set()
-    removed = []
-    for snap in sorted((repo_dir / "snapshots").iterdir()):
+    copied here by stage(), not downloaded)."""
+    kept = {r.read_text().strip() for r in (repo_dir / "refs").rglob("*") if r.is_file()}
+    removed = 0
+    for snap in (repo_dir / "snapshots").iterdir():
         if snap.name in kept or not snap.is_dir() or any(p.is_symlink() for p in snap.rglob("*")):
             continue
         shutil.rmtree(snap)
-        removed.append(snap)
+        removed += 1
     if removed:
-        print(f"[stage] removed {len(removed)} superseded snapshot(s) of {repo_dir.name}")
-    return removed
+        print(f"[stage] removed {removed} superseded snapshot(s) of {repo_dir.name}")
 
 
 def main() -> None:
