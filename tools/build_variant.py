@@ -381,9 +381,7 @@ def refresh_python(backend: str, out_root: Path, archs_override: str | None = No
 
 
 def build(backend: str, out_root: Path, archs_override: str | None, jobs: int, verbose: bool) -> Path:
-    pl = plan(backend, archs_override)
-    conf, compiled, per_file, archs, variant, ext_name = (
-        pl.conf, pl.compiled, pl.per_file, pl.archs, pl.variant, pl.ext_name)
+    conf, compiled, per_file, archs, variant, ext_name = plan(backend, archs_override)
     general = conf["general"]
     dst = out_root / variant
     log(f"variant {variant}, op namespace {ext_name}" + (f", archs {archs}" if archs else ""))
