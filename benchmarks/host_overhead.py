@@ -582,7 +582,7 @@ def main() -> None:
                 flags = dict(GATED=True, ACTIVATION=act, HAS_B1=False, HAS_B2=False, STORE_PRE=False, BWD=0,
                              STORE_H=False, SUBTILE=False, PREFETCH=False, W_KN=False, DOT_PRECISION="tf32", BLOCK_M=bm,
                              BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages, PERSISTENT=False)
+                             num_stages=cfg.num_stages, PERSISTENT=False, **tg.COMPILE_OPTIONS)
                 layers["bare Triton launch (tma, prepared)"] = lambda: tg._fused_linear_kernel_tma[grid](
                     xd, w1d, w2d, out, out, out, out, out, m, h, d, out.stride(0), out.stride(1),
                     out.stride(0), out.stride(1), out.stride(0), out.stride(1), **flags)

@@ -658,6 +658,42 @@ def test_interpret_kernels(interpret, prefetch):
         torch.testing.assert_close(out.double(), 2 * want, rtol=1e-5, atol=1e-5)
 
 
+def test_interpret_launches_pass_compile_options(interpret, monkeypatch):
+    """Every Triton launch of a training step (the gated MLP with dx by the dual-operand
+    kernel, the plain MLP), of the TMA and persistent forward kernels and of the split
+    down projection's reduction passes triton_gemm.COMPILE_OPTIONS (FMA contraction on),
+    so that a Triton whose default differs (3.10 turns it off) compiles the kernels as
+    they were measured."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    tg = module(interpret, "triton_gemm").interpreted_module()
+    assert tg.COMPILE_OPTIONS == {"enable_fp_fusion": True}
+    launches = []
+    run = InterpretedFunction.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        launches.append((self.fn.__name__, {k: kwargs.get(k) for k in tg.COMPILE_OPTIONS}))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", recording_run)
+    monkeypatch.setenv("FUSED_MLP_BWD_DX", "triton")
+    t = make_gated(5, 40, 72, 24, torch.float32, "cpu", True, seed=5)
+    check_grads(grads_gated(interpret, t, "silu"), ref_grads_gated(interpret, t, "silu"), TOL[torch.float32],
+                "gated, dx by the dual kernel")
+    p = make_plain(5, 40, 72, 24, torch.float32, "cpu", True, "linear", seed=6)
+    check_grads(grads_plain(interpret, p, "gelu", "linear"), ref_grads_plain(interpret, p, "gelu", "linear"),
+                TOL[torch.float32], "plain")
+    x, w = _rand(5, 32), _rand(48, 32)
+    ids = interpret.activations.ACTIVATION_IDS
+    for cfg in (tg.Config(16, 16, 16, 2, 4, 1, True), tg.Config(16, 16, 16, 2, 4, 1, True, True)):
+        tg.linear_act(x, w, None, ids["relu"], "linear", config=cfg)
+    tg.sum_parts(_rand(2, 3, 17), None, torch.empty(3, 17))
+    assert {"_fused_linear_kernel", "_fused_linear_kernel_tma", "_dual_gemm_kernel", "_sum_parts_kernel"} <= {
+        name for name, _ in launches}
+    wrong = [(name, opts) for name, opts in launches if opts != tg.COMPILE_OPTIONS]
+    assert not wrong, f"launches without the package's compile options: {wrong}"
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # exp(-x) -> inf: sigmoid(x) -> 0, as wanted
 def test_interpret_derivatives_match_torch(interpret):
     """_activation_and_grad (the epilogue's act and act') equals activations.py on a grid,
@@ -679,8 +715,10 @@ def test_interpret_derivatives_match_torch(interpret):
 # ----------------------------------------------------------------------------- CPU: ahead-of-time compiles
 
 
-def _aot_kernel(fn, types: dict, consts: dict, cap: int, num_warps: int, num_stages: int):
-    """triton.compile for CUDA capability `cap` without a GPU (see _aot_compile)."""
+def _aot_kernel(fn, types: dict, consts: dict, cap: int, num_warps: int, num_stages: int, package_options=True):
+    """triton.compile for CUDA capability `cap` without a GPU (see _aot_compile), with the
+    options the package's launches pass (triton_gemm.COMPILE_OPTIONS) unless package_options
+    is False (Triton's defaults)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -688,8 +726,9 @@ def _aot_kernel(fn, types: dict, consts: dict, cap: int, num_warps: int, num_sta
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] != "constexpr" and not sig[n].startswith("tensordesc")}
+    extra = sys.modules[fn.fn.__module__].COMPILE_OPTIONS if package_options else {}
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cap, 64 if cap >= 90 else 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages, **extra})
 
 
 def _aot_compile(fn, types: dict, consts: dict, cap: int, num_warps: int, num_stages: int):
@@ -1176,6 +1215,35 @@ def test_aot_fast_tanh_forms(fused_mlp):
                 assert "ex2.approx" not in ptx and "div.full.f32" not in ptx and "div.rn.f32" not in ptx, (act, fn.__name__)
     except (FileNotFoundError, subprocess_error()) as e:  # no ptxas in this Triton
         pytest.skip(f"cannot compile for CUDA here: {e}")
+
+
+def test_aot_compile_options_keep_fma_contraction(fused_mlp, monkeypatch):
+    """With Triton's default contraction turned off (TRITON_DEFAULT_FP_FUSION=0, the default
+    Triton 3.10 announces), the package's compile options still give the kernel it was
+    measured with: the gated forward's gelu_tanh epilogue keeps its fused multiply-adds (none
+    without them). triton_gemm passes these options at every launch (test_interpret_launches_
+    pass_compile_options), so its compiled kernels do not depend on that default."""
+    pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError:
+        pytest.skip("this Triton has no ASTSource / GPUTarget")
+    tg = module(fused_mlp, "triton_gemm")
+    ptr_types = {n: "*bf16" for n in ("x_ptr", "w1_ptr", "w2_ptr", "b1_ptr", "b2_ptr", "out_ptr", "pre_ptr", "h_ptr")}
+    consts = dict(GATED=True, ACTIVATION=fused_mlp.activations.ACTIVATION_IDS["gelu_tanh"], HAS_B1=True, HAS_B2=True,
+                  STORE_PRE=False, BWD=0, STORE_H=False, SUBTILE=False, PREFETCH=False, EVEN_K=True,
+                  DOT_PRECISION="tf32", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, stride_xk=1, stride_w1n=1,
+                  stride_w2n=1, stride_on=1, stride_pn=1, stride_hn=1)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    monkeypatch.delenv("TRITON_FORCE_DISABLE_FP_FUSION", raising=False)
+    try:
+        ours, plain = (_aot_kernel(tg._fused_linear_kernel, ptr_types, consts, 90, 8, 3, package_options=p).asm["ptx"]
+                       for p in (True, False))
+    except (FileNotFoundError, subprocess_error()) as e:  # no ptxas in this Triton
+        pytest.skip(f"cannot compile for CUDA here: {e}")
+    assert "fma.rn.f32" in ours
+    assert "fma.rn.f32" not in plain  # the switch is real: without the options, no contraction
 
 
 def test_fast_tanh_is_default_for_16_bit_only(fused_mlp, monkeypatch):

@@ -286,7 +286,8 @@ def test_launch_plan_matches_kernel_signature(fused_mlp, tma, kind):
     tail = params[8 + len(plan.ints):]
     assert all(p.is_constexpr for p in tail)
     assert plan.tail == tuple(plan.consts[p.name] for p in tail)
-    assert set(plan.consts) - {p.name for p in tail} == {"num_warps", "num_stages"}
+    assert set(plan.consts) - {p.name for p in tail} == {"num_warps", "num_stages", *tg.COMPILE_OPTIONS}
+    assert {k: plan.consts[k] for k in tg.COMPILE_OPTIONS} == tg.COMPILE_OPTIONS
     assert plan.ints[:3] == (m, n, k)
     # cdiv(40, 32) * cdiv(48, 32) tiles; persistent: one program per SM on a GPU, two for
     # CPU tensors (the interpreter)

@@ -84,6 +84,13 @@ from .activations import ACTIVATION_IDS, TANH_FORMS, tanh_forms_allowed
 
 Tensor = torch.Tensor
 
+# Compile options every launch of this module's kernels passes. Floating-point contraction
+# (FMA) stays on: the kernels were checked and timed with it, it was Triton's default up to
+# 3.9, and Triton 3.9 warns that 3.10 turns the default off (ptxas --fmad=false, so the
+# epilogues' activation math changes speed and rounding). Asking for it keeps the kernels as
+# measured whatever the Triton; TRITON_FORCE_DISABLE_FP_FUSION (3.9+) still turns it off.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
 # Activation ids as compile-time constants (see activations.ACTIVATION_IDS).
 _IDENTITY = tl.constexpr(ACTIVATION_IDS["identity"])
 _SILU = tl.constexpr(ACTIVATION_IDS["silu"])
@@ -737,7 +744,7 @@ def _make_plan(cfg: Config, x: Tensor, w1: Tensor, w2: Optional[Tensor], w_kn: b
         PREFETCH=bwd != FWD and cfg.prefetch and not cfg.persistent,
         DOT_PRECISION=_dot_precision(x.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **COMPILE_OPTIONS,
     )
     pre = pre if pre is not None else out  # placeholders, never read
     h = h if h is not None else out
@@ -818,7 +825,7 @@ def _launch_dual(cfg: Config, a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, ou
         out.stride(0), out.stride(1),
         ACCUMULATE=accumulate, EVEN_K=K % cfg.block_k == 0, DOT_PRECISION=_dot_precision(a1.dtype),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **COMPILE_OPTIONS,
     )
 
 
@@ -1253,7 +1260,7 @@ def sum_parts(parts: Tensor, bias: Optional[Tensor], out: Tensor, pdl: bool = Fa
     extra = {"launch_pdl": True} if pdl else {}
     with _on_device(out):
         compiled = _sum_parts_kernel[grid](*args[:5], PARTS=s, HAS_BIAS=bias is not None, BLOCK=_SUM_BLOCK,
-                                           WAIT=pdl, num_warps=_SUM_WARPS, **extra)
+                                           WAIT=pdl, num_warps=_SUM_WARPS, **COMPILE_OPTIONS, **extra)
     runner = _kept_launcher(compiled, grid) if key is not None else None
     if runner is not None:
         if len(_SUM_RUNNERS) >= _MAX_PLANS:
