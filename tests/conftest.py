@@ -75,6 +75,18 @@ def need_sm90(fm) -> None:
         pytest.skip("this build has no sm_90a kernels")
 
 
+def need_interpreter(fm):
+    """Skip unless Triton's interpreter can run the package's kernels here (Triton imports,
+    and triton_gemm.interpreter_blocker has no objection to its and NumPy's versions);
+    returns the triton_gemm module."""
+    pytest.importorskip("triton")
+    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+    blocker = tg.interpreter_blocker()
+    if blocker is not None:
+        pytest.skip(blocker)
+    return tg
+
+
 def spy(monkeypatch, mod, name: str, key) -> list:
     """Wrap mod.<name> so that every call appends key(args) to the returned list and then
     runs the real function."""

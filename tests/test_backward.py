@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import kernel_variants, need_sm90, rel_err, sm90_template_args, spy
+from conftest import kernel_variants, need_interpreter, need_sm90, rel_err, sm90_template_args, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float64: 1e-12}
@@ -163,7 +163,7 @@ def cpu_reference(fused_mlp, monkeypatch):
 @pytest.fixture
 def interpret(fused_mlp, monkeypatch):
     """CPU tensors through the fused backward's Triton kernels under the interpreter."""
-    pytest.importorskip("triton")
+    need_interpreter(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
     monkeypatch.delenv("FUSED_MLP_BWD_DX", raising=False)
     monkeypatch.delenv("FUSED_MLP_RECOMPUTE_CHUNK_MB", raising=False)

@@ -17,6 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import need_interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 
@@ -303,10 +305,10 @@ def test_bench_train_alternating_dry_run(tmp_path):
     assert all(len(v) == 2 for v in rows[0]["rounds_ms"].values())
 
 
-def _host_overhead_dry(monkeypatch, name: str, ran: list, us: float):
+def _host_overhead_dry(fm, monkeypatch, name: str, ran: list, us: float):
     """host_overhead.py loaded for a CPU dry run: the Triton interpreter, no CUDA
     synchronisation, and host_us running its function once (into `ran`) and giving `us`."""
-    pytest.importorskip("triton")
+    need_interpreter(fm)
     monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     ho = _load(name, BENCH / "host_overhead.py")
@@ -319,7 +321,7 @@ def test_host_overhead_train_pieces_dry_run(fused_mlp, monkeypatch):
     by hand (private signatures that change): each piece runs once here, on CPU tensors
     through the Triton interpreter, so a stale call fails in CI, not on the device."""
     ran = []
-    ho = _host_overhead_dry(monkeypatch, "host_overhead_under_test", ran, 1.0)
+    ho = _host_overhead_dry(fused_mlp, monkeypatch, "host_overhead_under_test", ran, 1.0)
     tg = importlib.import_module(fused_mlp.__name__ + ".triton_gemm").interpreted_module()
     lines = []
     ho.train_pieces(fused_mlp, tg, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
@@ -332,7 +334,7 @@ def test_host_overhead_engine_check_dry_run(fused_mlp, monkeypatch):
     pieces called directly, toy Functions, a Python thread) runs on CPU tensors through the
     Triton interpreter: each variant once per round, every table row printed, the profiled
     backward run inside the engine as well as on this thread."""
-    ho = _host_overhead_dry(monkeypatch, "host_overhead_engine_under_test", [], 2.0)
+    ho = _host_overhead_dry(fused_mlp, monkeypatch, "host_overhead_engine_under_test", [], 2.0)
     lines = []
     ho.engine_check(fused_mlp, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
     table = [ln for ln in lines if ln.startswith("  ") and "rounds" in ln]

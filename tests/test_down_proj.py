@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import poison_like, rel_err, spy
+from conftest import need_interpreter, poison_like, rel_err, spy
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
@@ -44,10 +44,10 @@ def _rand(*shape, dtype=torch.float32, device="cpu", scale=1.0, seed=0):
 @pytest.mark.parametrize("parts", [2, 4])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_sum_parts_interpreted(tg, parts, out_dtype, bias):
+def test_sum_parts_interpreted(fused_mlp, parts, out_dtype, bias):
     """The reduction on odd sizes (M x N not a multiple of its block): fp32 sum of the parts plus
     the bias, rounded once to the output's dtype."""
-    it = tg.interpreted_module()
+    it = need_interpreter(fused_mlp).interpreted_module()
     m, n = 3, 347
     p = _rand(parts, m, n, seed=parts)
     b = _rand(n, dtype=out_dtype, seed=7) if bias else None
@@ -238,7 +238,7 @@ def test_device_time_sleeps_only_where_torch_can(tg, monkeypatch, has_sleep):
 def test_interpreted_ops_reject_a_bad_switch(fused_mlp, monkeypatch):
     """The switch is read by the Triton path's down projection: a bad value is a clear error
     there too (here through the interpreter on CPU tensors)."""
-    pytest.importorskip("triton")
+    need_interpreter(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "many")
     x, wg, wu, wd = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16, 8), torch.randn(8, 16)

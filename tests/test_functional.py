@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from conftest import kernel_variants, need_sm90, rel_err, sm90_template_args, spy
+from conftest import kernel_variants, need_interpreter, need_sm90, rel_err, sm90_template_args, spy
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 # Relative (Frobenius) error bounds against the float64 reference.
@@ -249,7 +249,7 @@ def test_cpu_torch_compile_fullgraph(fused_mlp):
 @pytest.fixture
 def interpret(fused_mlp, monkeypatch):
     """Route CPU tensors through the Triton kernels under Triton's interpreter."""
-    pytest.importorskip("triton")
+    need_interpreter(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
     assert fused_mlp.dispatch.explain(torch.zeros(2, 4), "gated") == "triton-interpret"
     return fused_mlp
@@ -431,6 +431,42 @@ def test_works_without_triton(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_interpreter_blocker_versions(fused_mlp):
+    """Triton up to 3.6 with NumPy 2.4 or later cannot run the interpreted kernels
+    (triton-lang/triton#9171); the reason names both versions and the way out."""
+    pytest.importorskip("triton")
+    blocker = triton_gemm_module(fused_mlp).interpreter_blocker
+    msg = blocker("3.6.0", "2.4.6")
+    assert msg is not None and "3.6.0" in msg and "2.4.6" in msg and "numpy<2.4" in msg and "#9171" in msg
+    assert blocker("3.5.1", "2.4.0rc1") is not None
+    for ok in (("3.7.0", "2.4.6"), ("3.10.0", "2.5.0"), ("3.6.0+git1234", "2.3.5"), ("3.4.0", "1.26.4")):
+        assert blocker(*ok) is None, ok
+
+
+def test_blocked_interpreter_falls_back_to_reference(fused_mlp, monkeypatch):
+    """With the interpreter requested where it cannot run, the ops take the reference path
+    (forward and training) and say why; a direct interpreted_module() call is a clear error."""
+    pytest.importorskip("triton")
+    tg = triton_gemm_module(fused_mlp)
+    reason = "Triton 3.6.0's interpreter cannot run with NumPy 2.4.6 (test)"
+    monkeypatch.setattr(fused_mlp.dispatch, "_interpreter_blocker", lambda: reason)
+    monkeypatch.setattr(tg, "interpreter_blocker", lambda: reason)
+    monkeypatch.setenv("FUSED_MLP_INTERPRET", "1")
+    x = torch.randn(3, 8, dtype=torch.float32)
+    assert fused_mlp.dispatch.explain(x, "gated", verbose=True) == f"reference: interpretation requested but {reason}"
+    assert fused_mlp.dispatch.backward_choice(x, "mlp").path == "reference"
+    t = make_gated(3, 8, 16, 4, torch.float32, "cpu", True, seed=4)
+    check(run_gated(fused_mlp, t, "silu"), ref_gated(fused_mlp, t, "silu"), 1e-6, "gated, blocked interpreter")
+    grads = []
+    for f in (fused_mlp.gated_mlp, fused_mlp.reference.gated_mlp):
+        xg = t["x"].clone().requires_grad_()
+        f(xg, t["gate_weight"], t["up_weight"], t["down_weight"], "silu").sum().backward()
+        grads.append(xg.grad)
+    check(grads[0], grads[1], 1e-6, "dx, blocked interpreter")
+    with pytest.raises(RuntimeError, match="NumPy 2.4.6"):
+        tg.interpreted_module.__wrapped__()
 
 
 # ----------------------------------------------------------------------------- GPU

@@ -16,7 +16,9 @@ Paths, by (device, dtype, shape):
                        backward's dh GEMM are sm90.py's warp-specialized CUDA kernels
                        wherever their dtype and layout conditions hold)
     "triton-interpret" FUSED_MLP_INTERPRET=1 or TRITON_INTERPRET=1, CPU tensors (fp16/bf16/fp32):
-                       the same Triton kernels under Triton's interpreter (CI without a GPU)
+                       the same Triton kernels under Triton's interpreter (CI without a GPU);
+                       "reference" instead where this Triton's interpreter cannot run with
+                       this NumPy (triton_gemm.interpreter_blocker)
     "cpu-act-and-mul"  CPU gated MLP, fp16/bf16/fp32, with this build's compiled CPU act_and_mul:
                        gate and up GEMMs into the two halves of one [M, 2H] buffer, then act_and_mul
     "reference"        everything else (float64, meta, other devices, older GPUs, no Triton,
@@ -108,6 +110,13 @@ def _triton_gemm():
     return triton_gemm
 
 
+@functools.lru_cache(maxsize=None)
+def _interpreter_blocker() -> Optional[str]:
+    """triton_gemm.interpreter_blocker() (why Triton's interpreter cannot run here, or None),
+    asked once: it depends only on the installed Triton and NumPy."""
+    return _triton_gemm().interpreter_blocker()
+
+
 def _interpret_requested() -> bool:
     on = ("1", "true", "yes", "on")
     return (os.environ.get("FUSED_MLP_INTERPRET", "").lower() in on
@@ -165,6 +174,8 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
     if dev.type == "cuda":
         tg = _triton_gemm()
         if tg is not None and tg.INTERPRETED and _interpret_requested():
+            if _interpreter_blocker() is not None:
+                return Choice("reference", _interpreter_blocker())
             return Choice("triton-interpret", "TRITON_INTERPRET=1 was set when Triton kernels were loaded")
         cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
         if cap < (8, 0):
@@ -180,6 +191,8 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
         if _interpret_requested():
             if _triton_gemm() is None:
                 return Choice("reference", "interpretation requested but Triton is not importable")
+            if _interpreter_blocker() is not None:
+                return Choice("reference", f"interpretation requested but {_interpreter_blocker()}")
             return Choice("triton-interpret", "FUSED_MLP_INTERPRET / TRITON_INTERPRET is set")
         if kind == "gated" and _act_and_mul.has_compiled_kernel("act_and_mul", dev):
             return Choice("cpu-act-and-mul", "CPU with this build's compiled act_and_mul")

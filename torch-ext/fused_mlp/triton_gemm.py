@@ -1418,6 +1418,27 @@ def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, weight_lay
     return down_linear(h, proj_weight, proj_bias)
 
 
+def _release(version: str) -> tuple:
+    """(major, minor) of a version string such as "3.6.0" or "2.4.0rc1+local"."""
+    parts = version.split("+")[0].split(".")
+    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:2])
+
+
+def interpreter_blocker(triton_version: Optional[str] = None, numpy_version: Optional[str] = None) -> Optional[str]:
+    """Why Triton's interpreter cannot run these kernels here, or None. Triton up to 3.6 turns
+    a runtime scalar (M, N, K in a loop bound) into an int through int() of a one-element
+    array, which NumPy 2.4 refuses (TypeError: only 0-dimensional arrays can be converted to
+    Python scalars; triton-lang/triton#9171, fixed in Triton 3.7)."""
+    import numpy
+
+    triton_version = triton_version or triton.__version__
+    numpy_version = numpy_version or numpy.__version__
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        return (f"Triton {triton_version}'s interpreter cannot run with NumPy {numpy_version} "
+                "(triton-lang/triton#9171, fixed in Triton 3.7): install numpy<2.4 or Triton >= 3.7")
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def interpreted_module():
     """This module with its kernels under Triton's interpreter (runs on CPU tensors).
@@ -1426,7 +1447,11 @@ def interpreted_module():
     file with TRITON_INTERPRET=1 set for the duration of the import; the compiled
     kernels of this module stay as they are. The kernels therefore call no @triton.jit
     function of triton.language.standard (tl.cdiv, tl.zeros, tl.sigmoid, ...): those were
-    compiled-mode objects since Triton was imported, and cannot run interpreted."""
+    compiled-mode objects since Triton was imported, and cannot run interpreted.
+    RuntimeError (interpreter_blocker's reason) where this Triton and NumPy cannot run it."""
+    blocker = interpreter_blocker()
+    if blocker is not None:
+        raise RuntimeError(blocker)
     if INTERPRETED:
         return sys.modules[__name__]
     name = __name__ + "_interpreted"
