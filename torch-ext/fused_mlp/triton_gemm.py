@@ -69,6 +69,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import re
 import statistics
 import sys
 import time
@@ -1420,8 +1421,8 @@ def mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, weight_lay
 
 def _release(version: str) -> tuple:
     """(major, minor) of a version string such as "3.6.0" or "2.4.0rc1+local"."""
-    parts = version.split("+")[0].split(".")
-    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts[:2])
+    parts = version.split("+")[0].split(".")[:2]
+    return tuple(int(re.match(r"\d*", p).group() or 0) for p in parts)
 
 
 def interpreter_blocker(triton_version: Optional[str] = None, numpy_version: Optional[str] = None) -> Optional[str]:
