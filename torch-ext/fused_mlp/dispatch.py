@@ -174,8 +174,8 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
     if dev.type == "cuda":
         tg = _triton_gemm()
         if tg is not None and tg.INTERPRETED and _interpret_requested():
-            if _interpreter_blocker() is not None:
-                return Choice("reference", _interpreter_blocker())
+            if (blocker := _interpreter_blocker()) is not None:
+                return Choice("reference", blocker)
             return Choice("triton-interpret", "TRITON_INTERPRET=1 was set when Triton kernels were loaded")
         cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
         if cap < (8, 0):
@@ -191,8 +191,8 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
         if _interpret_requested():
             if _triton_gemm() is None:
                 return Choice("reference", "interpretation requested but Triton is not importable")
-            if _interpreter_blocker() is not None:
-                return Choice("reference", f"interpretation requested but {_interpreter_blocker()}")
+            if (blocker := _interpreter_blocker()) is not None:
+                return Choice("reference", f"interpretation requested but {blocker}")
             return Choice("triton-interpret", "FUSED_MLP_INTERPRET / TRITON_INTERPRET is set")
         if kind == "gated" and _act_and_mul.has_compiled_kernel("act_and_mul", dev):
             return Choice("cpu-act-and-mul", "CPU with this build's compiled act_and_mul")
