@@ -175,7 +175,7 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
         tg = _triton_gemm()
         if tg is not None and tg.INTERPRETED and _interpret_requested():
             if (blocker := _interpreter_blocker()) is not None:
-                return Choice("reference", blocker)
+                return Choice("reference", f"interpretation requested but {blocker}")
             return Choice("triton-interpret", "TRITON_INTERPRET=1 was set when Triton kernels were loaded")
         cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
         if cap < (8, 0):
