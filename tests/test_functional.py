@@ -1272,3 +1272,158 @@ def test_gpu_sm90_ops_keep_current_device(fused_mlp):
         assert torch.cuda.current_device() == 0
     torch.cuda.synchronize(1)
     check(out.cpu(), torch.relu(x.double() @ w.double().t()).cpu(), TOL[torch.bfloat16], "on cuda:1")
+
+
+# ----------------------------------------------------------------------------- autocast
+# Under torch.autocast the four public functions cast their floating-point operands
+# (float64 excepted) to autocast's dtype, as F.linear does, and run in it: the same bits
+# as the same call on operands cast by hand, the autocast dtype out, gradients through
+# the casts to float32 leaves.
+
+AUTOCAST_FNS = ("gated_mlp", "gated_mlp_packed", "mlp", "linear_act")
+
+
+def _autocast_case(fm, name, device, seed=0, m=7):
+    """(tensors, call, eager) for one public function on odd shapes: call(t) runs it,
+    eager(t) writes the same MLP with F.linear (what autocast would run unfused)."""
+    F = torch.nn.functional
+    d, h, o = 24, 40, 16
+    if name in ("gated_mlp", "gated_mlp_packed"):
+        t = make_gated(m, d, h, o, torch.float32, device, True, seed=seed, lead=(2,))
+        act = "silu" if name == "gated_mlp" else "gelu_tanh"
+        run = run_gated if name == "gated_mlp" else run_packed
+        fn = F.silu if act == "silu" else (lambda v: F.gelu(v, approximate="tanh"))
+        return (t, lambda t: run(fm, t, act),
+                lambda t: F.linear(fn(F.linear(t["x"], t["gate_weight"], t["gate_bias"]))
+                                   * F.linear(t["x"], t["up_weight"], t["up_bias"]), t["down_weight"], t["down_bias"]))
+    if name == "mlp":
+        t = make_plain(m, d, h, o, torch.float32, device, True, "conv1d", seed=seed)
+        return (t, lambda t: run_plain(fm, t, "gelu", "conv1d"),
+                lambda t: F.linear(F.gelu(F.linear(t["x"], t["fc_weight"].t(), t["fc_bias"])), t["proj_weight"].t(),
+                                   t["proj_bias"]))
+    t = make_linear(m, d, h, torch.float32, device, True, "linear", seed=seed)
+    return (t, lambda t: run_linear_act(fm, t, "relu2", "linear"),
+            lambda t: torch.relu(F.linear(t["x"], t["weight"], t["bias"])).square())
+
+
+def _cast(t, dtype):
+    return {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+
+
+def _leaves(t, dtype=None):
+    """t's tensors as new leaves requiring grad (cast to dtype first if given)."""
+    return {k: ((v.to(dtype) if dtype else v).detach().requires_grad_() if isinstance(v, torch.Tensor) else v)
+            for k, v in t.items()}
+
+
+def _no_interpreter(monkeypatch):
+    monkeypatch.delenv("FUSED_MLP_INTERPRET", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", AUTOCAST_FNS)
+def test_cpu_autocast_casts_operands(fused_mlp, monkeypatch, name, dtype):
+    _no_interpreter(monkeypatch)
+    t, call, eager = _autocast_case(fused_mlp, name, "cpu")
+    with torch.autocast("cpu", dtype=dtype):
+        out = call(t)
+        eager_out = eager(t)
+    want = call(_cast(t, dtype))  # outside autocast, operands cast by hand
+    assert out.dtype == dtype == eager_out.dtype
+    assert torch.equal(out, want), name
+    check(out.float(), eager_out.float(), TOL[dtype], f"{name} against eager autocast")
+    # Mixed float dtypes are cast alike (eager autocast runs them too): x in the other
+    # 16-bit dtype, the weights in float32.
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    mixed = {**t, "x": t["x"].to(other)}
+    with torch.autocast("cpu", dtype=dtype):
+        assert torch.equal(call(mixed), call(_cast(mixed, dtype))), name
+    # float64 is left alone, as autocast leaves it: x float64 against cast weights is named.
+    with torch.autocast("cpu", dtype=dtype), pytest.raises(ValueError, match="dtype"):
+        call({**t, "x": t["x"].double()})
+
+
+def test_cpu_autocast_off_leaves_float32(fused_mlp, monkeypatch):
+    """Outside autocast (and with autocast off for another device) float32 stays float32."""
+    _no_interpreter(monkeypatch)
+    t, call, _ = _autocast_case(fused_mlp, "gated_mlp", "cpu")
+    with torch.autocast("cpu", enabled=False):
+        assert call(t).dtype == torch.float32
+    check(call(t), ref_gated(fused_mlp, t, "silu"), TOL[torch.float32], "float32")
+
+
+@pytest.mark.parametrize("name", AUTOCAST_FNS)
+def test_cpu_autocast_backward(fused_mlp, monkeypatch, name):
+    """Gradients of float32 leaves under autocast are those of the bf16 call, cast back."""
+    _no_interpreter(monkeypatch)
+    t, call, _ = _autocast_case(fused_mlp, name, "cpu", seed=5)
+    leaves = _leaves(t)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = call(leaves)
+    assert y.dtype == torch.bfloat16
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    y.backward(dy)
+    by_hand = _leaves(t, torch.bfloat16)
+    call(by_hand).backward(dy)
+    for k, v in leaves.items():
+        if isinstance(v, torch.Tensor):
+            assert v.grad is not None and v.grad.dtype == torch.float32, k
+            assert torch.equal(v.grad, by_hand[k].grad.float()), k
+
+
+def test_cpu_autocast_compile_fullgraph(fused_mlp, monkeypatch):
+    """torch.compile(fullgraph=True) with autocast around the compiled call and inside it."""
+    _no_interpreter(monkeypatch)
+    torch._dynamo.reset()
+    t, call, _ = _autocast_case(fused_mlp, "gated_mlp", "cpu")
+    want = call(_cast(t, torch.bfloat16))
+    f = torch.compile(lambda x: call({**t, "x": x}), fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = f(t["x"])
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    assert f(t["x"]).dtype == torch.float32  # autocast off again: recompiled, not the bf16 graph
+
+    def inside(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return call({**t, "x": x})
+
+    out = torch.compile(inside, fullgraph=True)(t["x"])
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+
+
+def test_interpret_autocast(interpret):
+    """The Triton kernels (interpreted) under autocast float16: the hand-cast call's bits."""
+    for name in AUTOCAST_FNS:
+        t, call, _ = _autocast_case(interpret, name, "cpu", m=5)
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = call(t)
+        assert out.dtype == torch.float16 and torch.equal(out, call(_cast(t, torch.float16))), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [3, 777])
+def test_gpu_autocast(fused_mlp, monkeypatch, dtype, m):
+    """On the GPU's kernels (decode at M 3, the fused GEMMs at 777): autocast's dtype out,
+    the hand-cast call's bits, within the dtype's bound of the float64 reference, and
+    gradients of float32 leaves as those of the hand-cast call."""
+    monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")  # one config: both calls run the same kernel
+    for name in AUTOCAST_FNS:
+        t, call, _ = _autocast_case(fused_mlp, name, "cuda", seed=7, m=m)
+        with torch.autocast("cuda", dtype=dtype):
+            out = call(t)
+        cast = _cast(t, dtype)
+        assert out.dtype == dtype and torch.equal(out, call(cast)), name
+        exact = _autocast_case(fused_mlp, name, "cpu", seed=7, m=m)[2](_f64(cast))
+        check(out.cpu(), exact, TOL[dtype], f"{name} {dtype} M {m}")
+        leaves, by_hand = _leaves(t), _leaves(t, dtype)
+        with torch.autocast("cuda", dtype=dtype):
+            y = call(leaves)
+        dy = torch.randn(y.shape, device="cuda").to(dtype)
+        y.backward(dy)
+        call(by_hand).backward(dy)
+        for k, v in leaves.items():
+            if isinstance(v, torch.Tensor):
+                assert v.grad.dtype == torch.float32, (name, k)
+                assert rel_err(v.grad, by_hand[k].grad.float()) <= TOL[dtype], (name, k)

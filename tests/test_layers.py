@@ -387,13 +387,82 @@ def test_hooks_run_original(fused_mlp):
     _expect_original(fused_mlp, "GatedMLP", m, x, gated_ref(m, x))
 
 
-def test_autocast_runs_original(fused_mlp):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_runs_fused(fused_mlp, dtype):
+    """Under autocast a float32 module runs fused in autocast's dtype, as its projections
+    would run: the op on the operands cast by hand, bit for bit, close to the original."""
+    m = gated_module("gelu_new", bias=True)
+    x = torch.randn(3, D)
+    with torch.autocast("cpu", dtype=dtype):
+        ref = gated_ref(m, x)
+        out = bind(fused_mlp.layers.GatedMLP, m)(x)
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 1}, fused_mlp.layers.ORIGINAL_CALLS
+    assert out.dtype == ref.dtype == dtype
+    c = {name: getattr(m, name) for name in ("gate_proj", "up_proj", "down_proj")}
+    by_hand = fused_mlp.gated_mlp(x.to(dtype), *(c[n].weight.to(dtype) for n in c), "gelu_tanh",
+                                  gate_bias=c["gate_proj"].bias.to(dtype), up_bias=c["up_proj"].bias.to(dtype),
+                                  down_bias=c["down_proj"].bias.to(dtype))
+    assert torch.equal(out, by_hand)
+    assert rel_err(out.float(), ref.float()) < 3e-2
+
+
+def test_autocast_plain_and_bert_layers_run_fused(fused_mlp):
+    fc, proj = _projections("conv1d")
+    m = _plain(fc, proj, "gelu_new", "c_fc", "c_proj", "act", dropout=nn.Dropout(0.1))
+    torch.manual_seed(0)
+    b = holder(dense=nn.Linear(D, H), intermediate_act_fn=ACT2FN["gelu"]).eval()
+    x = torch.randn(2, 5, D)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = m.dropout(m.c_proj(m.act(m.c_fc(x))))
+        out = bind(fused_mlp.layers.GPT2MLP, m)(x)
+        b_ref = b.intermediate_act_fn(b.dense(x))
+        b_out = bind(fused_mlp.layers.BertIntermediate, b)(x)
+    assert fused_mlp.layers.FUSED_CALLS == {"GPT2MLP": 1, "BertIntermediate": 1}, fused_mlp.layers.ORIGINAL_CALLS
+    for o, r in ((out, ref), (b_out, b_ref)):
+        assert o.dtype == r.dtype == torch.bfloat16
+        assert rel_err(o.float(), r.float()) < 3e-2
+
+
+def test_autocast_mixed_dtypes_run_fused(fused_mlp):
+    """Weights of two float dtypes: an error without autocast (test below), cast alike
+    under it, by the original and by the fused path."""
     m = gated_module()
+    m.down_proj.to(torch.bfloat16)
     x = torch.randn(3, D)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = gated_ref(m, x)
+        out = bind(fused_mlp.layers.GatedMLP, m)(x)
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 1}
+    assert out.dtype == torch.bfloat16 and rel_err(out.float(), ref.float()) < 3e-2
+
+
+def test_autocast_float64_runs_original(fused_mlp):
+    """Autocast leaves float64 alone, and so does the layer: the original runs."""
+    m = gated_module().double()
+    x = torch.randn(3, D, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = gated_ref(m, x)
         out = _expect_original(fused_mlp, "GatedMLP", bind(fused_mlp.layers.GatedMLP, m), x, ref)
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == torch.float64
+
+
+def test_autocast_training_step_matches_original(fused_mlp):
+    """A float32 module trained under autocast: the fused path's gradients reach the float32
+    parameters and agree with the original's within bf16's rounding."""
+    m = gated_module("silu", bias=True).train()
+    x = torch.randn(6, D, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = gated_ref(m, x)
+    ref.float().square().sum().backward()
+    grads = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    x.grad = None
+    m.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = bind(fused_mlp.layers.GatedMLP, m)(x)
+    out.float().square().sum().backward()
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 1}
+    for g, r in zip([x.grad] + [p.grad for p in m.parameters()], grads):
+        assert g.dtype == torch.float32 and rel_err(g, r) < 3e-2
 
 
 def test_mixed_dtypes_run_original(fused_mlp):

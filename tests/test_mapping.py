@@ -495,6 +495,40 @@ def test_training_compile_backward(fused_mlp):
         assert rel_err(g[name], g_ref[name]) < 1e-4, name
 
 
+def _autocast_step(model, inputs, device_type):
+    model.zero_grad()
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        loss = model(inputs, labels=inputs).loss
+    loss.backward()
+    return loss.detach(), _grads(model)
+
+
+def test_autocast_training_step(fused_mlp):
+    """A float32 model trained under autocast (as Trainer's bf16=True does it): the MLPs run
+    fused in bf16, the float32 parameters get gradients within bf16's bound of the
+    unpatched model's; and torch.compile(fullgraph=True) traces the same step."""
+    from kernels import Mode
+
+    base = tiny_llama().train()
+    patched = copy.deepcopy(base)
+    fused_mlp.mapping.kernelize(patched, mode=Mode.TRAINING | Mode.TORCH_COMPILE, device="cpu")
+    loss_ref, g_ref = _autocast_step(base, ids(), "cpu")
+    loss, g = _autocast_step(patched, ids(), "cpu")
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 2} and fused_mlp.layers.ORIGINAL_CALLS == {}
+    assert abs(loss.item() - loss_ref.item()) < 1e-2 * abs(loss_ref.item())
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        assert g[name].dtype == torch.float32 and rel_err(g[name], g_ref[name]) < 3e-2, name
+    torch._dynamo.reset()
+    compiled = torch.compile(patched, fullgraph=True, backend="aot_eager")
+    loss_c, _ = _autocast_step(compiled, ids(), "cpu")
+    g_c = _grads(patched)  # by the parameters' own names (the compiled wrapper prefixes them)
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 4} and fused_mlp.layers.ORIGINAL_CALLS == {}
+    assert abs(loss_c.item() - loss_ref.item()) < 1e-2 * abs(loss_ref.item())
+    for name in g_ref:
+        assert rel_err(g_c[name], g_ref[name]) < 3e-2, name
+
+
 def test_active_dropout_runs_original_in_model(fused_mlp):
     """GPT-2 in training with resid_pdrop > 0: the MLP dropout is live, so the layers run the
     original computation: same ops, same random numbers, bitwise the unpatched output."""
@@ -536,6 +570,25 @@ def test_kernelize_cuda_bf16(fused_mlp):
     assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 2}
     # bf16: no less accurate than eager bf16 against the same weights in float64, up to 2x.
     assert rel_err(out, exact) <= 2 * rel_err(eager, exact) + 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_kernelize_cuda_autocast_training_step(fused_mlp):
+    """A float32 model on the GPU trained under autocast bf16: the MLPs run fused (the GPU
+    kernels, in bf16), gradients within bf16's bound of the unpatched model's."""
+    from kernels import Mode
+
+    base = tiny_llama(hidden_size=256, intermediate_size=704).cuda().train()
+    patched = copy.deepcopy(base)
+    fused_mlp.mapping.kernelize(patched, mode=Mode.TRAINING, device="cuda")
+    x = ids(4, 33).cuda()
+    loss_ref, g_ref = _autocast_step(base, x, "cuda")
+    loss, g = _autocast_step(patched, x, "cuda")
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 2} and fused_mlp.layers.ORIGINAL_CALLS == {}
+    assert abs(loss.item() - loss_ref.item()) < 1e-2 * abs(loss_ref.item())
+    for name in g_ref:
+        assert g[name].dtype == torch.float32 and rel_err(g[name], g_ref[name]) < 3e-2, name
 
 
 @pytest.mark.gpu

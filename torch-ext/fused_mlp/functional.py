@@ -11,6 +11,10 @@ namespace.
 Weights are nn.Linear's [out, in] (or GPT-2 Conv1D's [in, out] with
 weight_layout="conv1d"); `x` may have any leading dimensions.
 
+Autocast. Inside torch.autocast (for x's device) the four functions cast their
+floating-point operands (float64 excepted) to autocast's dtype, as F.linear's are, and
+run the MLP in it: the result has autocast's dtype on every path.
+
 Autograd. Without gradients (inference, torch.no_grad) the ops gated_mlp / mlp run.
 When a gradient is needed, the training ops gated_mlp_train / mlp_train run instead:
     recompute=False  the forward also returns the pre-activations (g | u, or pre) and h,
@@ -82,6 +86,52 @@ def _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, dow
                        ("down_bias", down_bias, down_weight.shape[0])):
         if b is not None:
             _check_tensor(name, b, x, (n,))
+
+
+# ----------------------------------------------------------------------------- autocast
+# Under torch.autocast the public functions take their operands as F.linear does: every
+# floating-point tensor on autocast's device, float64 excepted, is cast to autocast's dtype
+# (bf16 / fp16), and the MLP then runs in that dtype with autocast off inside. So every path
+# (fused kernels, decode, the reference path's own F.linear calls) returns autocast's dtype,
+# and gradients reach float32 weights through the casts, as in an eager autocast step.
+# Like eager, a float32 weight is cast again at each call (autocast's cast cache keeps a cast
+# only for the rest of its region, and a forward uses each MLP weight once).
+
+
+def _autocast_operand(t, device_type: str, dtype: torch.dtype):
+    if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+            and t.device.type == device_type):
+        return t.to(dtype)
+    return t
+
+
+def _autocast_of(x):
+    """(device type, dtype) of the autocast that is on for x's device, else None. Called
+    at the top of each public function; is_cuda / is_cpu come first because x.device.type
+    alone costs more host time than the rest."""
+    if not isinstance(x, torch.Tensor):
+        return None
+    if x.is_cuda:
+        device_type = "cuda"
+    elif x.is_cpu:
+        device_type = "cpu"
+    else:
+        device_type = x.device.type
+        if not torch.amp.is_autocast_available(device_type):  # meta, ...
+            return None
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return device_type, torch.get_autocast_dtype(device_type)
+
+
+def _run_cast(fn, autocast, *args, **kwargs):
+    """fn(*args, **kwargs) with autocast's casts applied to its tensor arguments, and
+    autocast off inside."""
+    device_type, dtype = autocast
+    args = [_autocast_operand(a, device_type, dtype) for a in args]
+    kwargs = {k: _autocast_operand(v, device_type, dtype) for k, v in kwargs.items()}
+    with torch.autocast(device_type, enabled=False):
+        return fn(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -355,6 +405,10 @@ def gated_mlp(
 
     recompute=True: for training, save only the inputs and recompute the pre-activations
     in the backward (less memory, one more gate/up GEMM)."""
+    autocast = _autocast_of(x)
+    if autocast is not None:
+        return _run_cast(gated_mlp, autocast, x, gate_weight, up_weight, down_weight, activation,
+                         gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias, recompute=recompute)
     act = canonical_activation(activation)
     _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)
     if _needs_grad(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
@@ -384,6 +438,10 @@ def gated_mlp_packed(
 
     The gate and up halves are row slices of the packed weight (views, no copy). In
     training the packed weight's gradient is made whole by one GEMM (no slice backward)."""
+    autocast = _autocast_of(x)
+    if autocast is not None:
+        return _run_cast(gated_mlp_packed, autocast, x, gate_up_weight, down_weight, activation,
+                         gate_up_bias=gate_up_bias, down_bias=down_bias, recompute=recompute)
     if not isinstance(gate_up_weight, torch.Tensor) or gate_up_weight.dim() != 2 or gate_up_weight.shape[0] % 2:
         raise ValueError(
             f"gate_up_weight must be a 2-D tensor [2 * hidden, dim] with an even first dimension, "
@@ -596,6 +654,10 @@ def mlp(
     """proj(act(fc(x))) with biases. weight_layout="linear": nn.Linear weights [out, in];
     "conv1d": GPT-2 Conv1D weights [in, out], used as they are (no transposed copy).
     recompute=True: for training, save only the inputs (see gated_mlp)."""
+    autocast = _autocast_of(x)
+    if autocast is not None:
+        return _run_cast(mlp, autocast, x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout,
+                         recompute=recompute)
     act = canonical_activation(activation)
     hidden = _check_first_projection("fc_weight", fc_weight, x, weight_layout)
     if not isinstance(proj_weight, torch.Tensor) or proj_weight.dim() != 2:
@@ -681,6 +743,9 @@ def linear_act(
     epilogue (BERT's BertIntermediate). weight_layout="linear": nn.Linear weight [out, in];
     "conv1d": GPT-2 Conv1D weight [in, out], used as it is. The backward is plain PyTorch
     (pre-activations recomputed from the inputs)."""
+    autocast = _autocast_of(x)
+    if autocast is not None:
+        return _run_cast(linear_act, autocast, x, weight, bias, activation, weight_layout)
     act = canonical_activation(activation)
     out = _check_first_projection("weight", weight, x, weight_layout)
     if bias is not None:

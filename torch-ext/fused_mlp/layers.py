@@ -10,9 +10,10 @@ Every forward has two paths:
 * fused: the module's projections are plain `nn.Linear` (or GPT-2 `Conv1D`) with
   plain float16 / bfloat16 / float32 tensors on CPU or CUDA, the activation is one
   fused-mlp computes exactly (read from the module instance, see `activation_name`),
-  no dropout is active, autocast is off and no hooks sit on the submodules. Then the
-  block runs as one call of `gated_mlp` / `gated_mlp_packed` / `mlp` (or, for
-  BERT's BertIntermediate, the first half of an MLP, `linear_act`).
+  no dropout is active and no hooks sit on the submodules. Then the block runs as one
+  call of `gated_mlp` / `gated_mlp_packed` / `mlp` (or, for BERT's BertIntermediate,
+  the first half of an MLP, `linear_act`). Under torch.autocast those cast the operands
+  to autocast's dtype as the projections would, so mixed float dtypes are fine there.
 * original: anything else runs the block's original computation, written out below
   from the module's own submodules exactly as transformers writes it. An unknown
   activation, active dropout, float64, a quantized or wrapped projection, a
@@ -197,21 +198,23 @@ def _plain(t) -> bool:
 
 
 def _tensors_ok(x, tensors) -> bool:
-    """x and the weights/biases can go to the fused op: same float dtype and device,
-    plain tensors (not quantized or other subclasses), CPU or CUDA, autocast off."""
+    """x and the weights/biases can go to the fused op: plain tensors (not quantized or
+    other subclasses) on x's device, CPU or CUDA, of one float dtype; under autocast of
+    any of those float dtypes, since the op then casts them all to autocast's dtype as the
+    original's projections do (fused_mlp.functional, "Autocast")."""
     if type(x) is not torch.Tensor:
         return False
     if x.dtype not in _FUSED_DTYPES or x.device.type not in _FUSED_DEVICES:
         return False
-    if torch.is_autocast_enabled(x.device.type):
-        # The original runs its matmuls in the autocast dtype; the fused op would not.
-        return False
+    autocast = torch.is_autocast_enabled(x.device.type)
     if not _no_global_hooks():
         return False
     for t in tensors:
         if t is None:
             continue
-        if not _plain(t) or t.dtype != x.dtype or t.device != x.device:
+        if not _plain(t) or t.device != x.device:
+            return False
+        if t.dtype != x.dtype and not (autocast and t.dtype in _FUSED_DTYPES):
             return False
     return True
 
@@ -630,7 +633,7 @@ def _gpt2_projs(m) -> bool:
 
 
 # What a module instance needs for a layer's fused path to be possible at all (dtype,
-# device, dropout and autocast are checked per call). The kernelize condition uses it.
+# device and dropout are checked per call). The kernelize condition uses it.
 _STRUCTURE = {
     "GatedMLP": (_linear_attrs("gate_proj", "up_proj", "down_proj"), _act_attr("act_fn")),
     "PackedGatedMLP": (_linear_attrs("gate_up_proj", "down_proj"), _act_attr("activation_fn")),

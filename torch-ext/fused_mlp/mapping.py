@@ -59,7 +59,8 @@ Which classes are handled (`layer_for_class`):
 Per instance, at kernelize time, `kernel_condition` also requires the submodules the
 fused path needs (plain nn.Linear / Conv1D projections, an activation fused-mlp computes
 exactly); an instance that fails keeps its original forward. The layers themselves fall
-back to the original computation per call (dtype, device, dropout, autocast, hooks).
+back to the original computation per call (dtype, device, dropout, hooks); under
+torch.autocast they stay fused, in autocast's dtype.
 
 BERT's MLP is split across BertIntermediate (dense + activation) and BertOutput (dense +
 dropout + residual LayerNorm). BertIntermediate (and the classes with its forward:
