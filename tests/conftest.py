@@ -87,6 +87,30 @@ def need_interpreter(fm):
     return tg
 
 
+def recording_backend(graphs: list, inner: str = "aot_eager"):
+    """A torch.compile backend that keeps each graph dynamo makes, then hands it to inner."""
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(inner)(gm, example_inputs)
+
+    return backend
+
+
+def package_op_calls(fm, graphs) -> dict:
+    """{op name: calls} of the package's own ops in dynamo graphs (what a compiled model
+    runs, where the layers' counters do not count)."""
+    prefix = fm.ops.name + "."
+    calls: dict = {}
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            target = str(node.target)
+            if node.op == "call_function" and target.startswith(prefix):
+                name = target[len(prefix):].split(".")[0]
+                calls[name] = calls.get(name, 0) + 1
+    return calls
+
+
 def spy(monkeypatch, mod, name: str, key) -> list:
     """Wrap mod.<name> so that every call appends key(args) to the returned list and then
     runs the real function."""

@@ -18,7 +18,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.pytorch_utils import Conv1D
 
-from conftest import HAS_CUDA, rel_err
+from conftest import HAS_CUDA, package_op_calls, recording_backend, rel_err
 
 D, H = 32, 48
 
@@ -633,6 +633,14 @@ def test_layers_compile_fullgraph(fused_mlp, name):
     ref = ref_fn(m, x)
     bind(getattr(fused_mlp.layers, layer), m)
     torch._dynamo.reset()
-    out = torch.compile(m, fullgraph=True, backend="aot_eager")(x)
-    assert fused_mlp.layers.FUSED_CALLS == {layer: 1}
+    graphs = []
+    compiled = torch.compile(m, fullgraph=True, backend=recording_backend(graphs))
+    out = compiled(x)
+    # The parameters require grad here, so the training ops are the ones traced.
+    op = {"GatedMLP": "gated_mlp_train", "PackedGatedMLP": "gated_mlp_train",
+          "BertIntermediate": "linear_act"}.get(layer, "mlp_train")
+    assert package_op_calls(fused_mlp, graphs) == {op: 1}
     assert rel_err(out, ref) < 1e-5
+    # Called again, the compiled layer reuses its graph (the counters are not guarded on).
+    assert rel_err(compiled(x), ref) < 1e-5 and len(graphs) == 1
+    assert fused_mlp.layers.FUSED_CALLS == {}  # eager calls only

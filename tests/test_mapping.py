@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import HAS_CUDA, REPO_ID, rel_err
+from conftest import HAS_CUDA, REPO_ID, package_op_calls, recording_backend, rel_err
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
@@ -407,11 +407,15 @@ def test_compile_fullgraph(fused_mlp):
     fused_mlp.mapping.kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, device="cpu")
     assert set(fused_mlp.mapping.kernelized_modules(model)) == mlp_paths(model)
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    graphs = []
+    compiled = torch.compile(model, fullgraph=True, backend=recording_backend(graphs))
     with torch.no_grad():
         out = compiled(ids()).logits
-    assert rel_err(out, ref) < FP32_BOUND
-    assert fused_mlp.layers.FUSED_CALLS.get("GatedMLP", 0) >= 2
+        first = len(graphs)
+        again = compiled(ids()).logits
+    assert rel_err(out, ref) < FP32_BOUND and torch.equal(out, again)
+    assert len(graphs) == first, "the second call of one shape compiled again"
+    assert package_op_calls(fused_mlp, graphs) == {"gated_mlp": 2}
 
     mlp = model.model.layers[0].mlp
     x = torch.randn(3, 5, 64)
@@ -419,6 +423,48 @@ def test_compile_fullgraph(fused_mlp):
         expect = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         got = torch.compile(mlp, fullgraph=True)(x)
     assert rel_err(got, expect) < FP32_BOUND
+
+
+def test_inference_mode_and_dynamic_shapes(fused_mlp):
+    """Under torch.inference_mode (inference tensors), and compiled with dynamic=True: one
+    graph serves three sequence lengths, the fused path traced, the unpatched logits."""
+    from kernels import Mode
+
+    base = tiny_llama()
+    model = copy.deepcopy(base)
+    fused_mlp.mapping.kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, device="cpu")
+    with torch.inference_mode():
+        assert rel_err(model(ids()).logits, base(ids()).logits) < FP32_BOUND
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 2}
+    torch._dynamo.reset()
+    graphs = []
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=recording_backend(graphs))
+    with torch.no_grad():
+        for seq in (5, 9, 13):
+            x = ids(2, seq)
+            assert rel_err(compiled(x).logits, base(x).logits) < FP32_BOUND, seq
+            first = first if seq > 5 else len(graphs)
+    assert len(graphs) == first, f"{len(graphs) - first} more graphs for two more sequence lengths"
+    assert package_op_calls(fused_mlp, graphs) == {"gated_mlp": 2}
+
+
+def test_gradient_checkpointing(fused_mlp):
+    """Mode.TRAINING with transformers' gradient checkpointing (reentrant: the layers run
+    again in the backward): fused both times, the unpatched model's gradients."""
+    from kernels import Mode
+
+    base = tiny_llama().train()
+    patched = copy.deepcopy(base)
+    fused_mlp.mapping.kernelize(patched, mode=Mode.TRAINING, device="cpu")
+    for m in (base, patched):
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        m.enable_input_require_grads()
+    _, g_ref = _train_step(base, ids())
+    _, g = _train_step(patched, ids())
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 4} and fused_mlp.layers.ORIGINAL_CALLS == {}
+    assert g.keys() == g_ref.keys()
+    for name in g_ref:
+        assert rel_err(g[name], g_ref[name]) < 1e-4, name
 
 
 def _grads(model):
@@ -520,10 +566,11 @@ def test_autocast_training_step(fused_mlp):
     for name in g_ref:
         assert g[name].dtype == torch.float32 and rel_err(g[name], g_ref[name]) < 3e-2, name
     torch._dynamo.reset()
-    compiled = torch.compile(patched, fullgraph=True, backend="aot_eager")
+    graphs = []
+    compiled = torch.compile(patched, fullgraph=True, backend=recording_backend(graphs))
     loss_c, _ = _autocast_step(compiled, ids(), "cpu")
     g_c = _grads(patched)  # by the parameters' own names (the compiled wrapper prefixes them)
-    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 4} and fused_mlp.layers.ORIGINAL_CALLS == {}
+    assert package_op_calls(fused_mlp, graphs) == {"gated_mlp_train": 2}
     assert abs(loss_c.item() - loss_ref.item()) < 1e-2 * abs(loss_ref.item())
     for name in g_ref:
         assert rel_err(g_c[name], g_ref[name]) < 3e-2, name

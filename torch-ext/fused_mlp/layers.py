@@ -19,8 +19,10 @@ Every forward has two paths:
   activation, active dropout, float64, a quantized or wrapped projection, a
   tensor subclass: all of these get the original function, never a different one.
 
-`FUSED_CALLS` / `ORIGINAL_CALLS` count, per layer name, which path ran (a Python int
-increment; under torch.compile, dynamo replays it after each call of the compiled graph).
+`FUSED_CALLS` / `ORIGINAL_CALLS` count, per layer name, which path ran in eager calls.
+Under torch.compile they are left alone: dynamo would guard on the counter's value, and
+every call of the compiled model would fail that guard and compile again. What a compiled
+model runs shows in its graph (the op namespace's `gated_mlp`, `mlp`, ... calls).
 """
 
 from __future__ import annotations
@@ -72,11 +74,13 @@ def reset_counters() -> None:
 
 
 def _fused(name: str) -> None:
-    FUSED_CALLS[name] = FUSED_CALLS.get(name, 0) + 1
+    if not torch.compiler.is_compiling():  # see the module docstring
+        FUSED_CALLS[name] = FUSED_CALLS.get(name, 0) + 1
 
 
 def _original(name: str) -> None:
-    ORIGINAL_CALLS[name] = ORIGINAL_CALLS.get(name, 0) + 1
+    if not torch.compiler.is_compiling():
+        ORIGINAL_CALLS[name] = ORIGINAL_CALLS.get(name, 0) + 1
 
 
 # ----------------------------------------------------------------------------- activations
