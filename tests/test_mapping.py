@@ -448,6 +448,26 @@ def test_inference_mode_and_dynamic_shapes(fused_mlp):
     assert package_op_calls(fused_mlp, graphs) == {"gated_mlp": 2}
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_export(fused_mlp, strict):
+    """torch.export of a kernelized MLP, non-strict (the default: fake tensors without
+    dynamo) and strict: the exported program calls the fused op and computes the original."""
+    from kernels import Mode
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(0)
+    mlp = LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=96, hidden_act="silu")).eval()
+    original = copy.deepcopy(mlp)
+    fused_mlp.mapping.kernelize(mlp, mode=Mode.INFERENCE, device="cpu")
+    with torch.no_grad():
+        program = torch.export.export(mlp, (torch.randn(2, 5, 64),), strict=strict)
+        x = torch.randn(2, 5, 64)
+        assert rel_err(program.module()(x), original(x)) < FP32_BOUND
+    calls = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert calls == [f"{fused_mlp.ops.name}.gated_mlp.default"], calls
+
+
 def test_gradient_checkpointing(fused_mlp):
     """Mode.TRAINING with transformers' gradient checkpointing (reentrant: the layers run
     again in the backward): fused both times, the unpatched model's gradients."""

@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import reference
 from .act_and_mul import act_and_mul
@@ -197,8 +198,17 @@ def _is_conv1d(m) -> bool:
     return cls.__name__ == "Conv1D" and cls.__module__ == "transformers.pytorch_utils" and _no_hooks(m)
 
 
+def _plain_tensor(t) -> bool:
+    """A plain tensor or parameter, not a quantized or other subclass; while torch.export
+    traces without dynamo (its default, non-strict), also the FakeTensor that stands in for
+    one there (a fake of a subclass keeps the subclass's type)."""
+    cls = type(t)
+    return (cls is torch.Tensor or cls is nn.Parameter
+            or (cls is FakeTensor and torch.compiler.is_compiling()))
+
+
 def _plain(t) -> bool:
-    return t is None or type(t) is nn.Parameter or type(t) is torch.Tensor
+    return t is None or _plain_tensor(t)
 
 
 def _tensors_ok(x, tensors) -> bool:
@@ -206,7 +216,7 @@ def _tensors_ok(x, tensors) -> bool:
     other subclasses) on x's device, CPU or CUDA, of one float dtype; under autocast of
     any of those float dtypes, since the op then casts them all to autocast's dtype as the
     original's projections do (fused_mlp.functional, "Autocast")."""
-    if type(x) is not torch.Tensor:
+    if not _plain_tensor(x):
         return False
     if x.dtype not in _FUSED_DTYPES or x.device.type not in _FUSED_DEVICES:
         return False
