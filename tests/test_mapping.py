@@ -641,6 +641,28 @@ def test_kernelize_cuda_bf16(fused_mlp):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_compile_cuda_bf16_one_graph(fused_mlp):
+    """A kernelized bf16 model compiled on the GPU (inductor): the fused op in its graph, one
+    graph for repeated calls and, with dynamic=True, for other sequence lengths."""
+    from kernels import Mode
+
+    model = tiny_llama(hidden_size=256, intermediate_size=704).to("cuda", torch.bfloat16)
+    fused_mlp.mapping.kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE, device="cuda")
+    torch._dynamo.reset()
+    graphs = []
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=recording_backend(graphs, "inductor"))
+    with torch.no_grad():
+        for i, seq in enumerate((33, 33, 17, 64)):
+            x = ids(4, seq).cuda()
+            out, eager = compiled(x).logits, model(x).logits
+            assert rel_err(out, eager) < 3e-2, seq  # bf16 bound: inductor rounds the rest of the model its own way
+            first = len(graphs) if i == 0 else first
+    assert len(graphs) == first, f"{len(graphs) - first} more graphs after the first call"
+    assert package_op_calls(fused_mlp, graphs) == {"gated_mlp": 2}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_kernelize_cuda_autocast_training_step(fused_mlp):
     """A float32 model on the GPU trained under autocast bf16: the MLPs run fused (the GPU
     kernels, in bf16), gradients within bf16's bound of the unpatched model's."""
