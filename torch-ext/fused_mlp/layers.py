@@ -198,17 +198,13 @@ def _is_conv1d(m) -> bool:
     return cls.__name__ == "Conv1D" and cls.__module__ == "transformers.pytorch_utils" and _no_hooks(m)
 
 
-def _plain_tensor(t) -> bool:
-    """A plain tensor or parameter, not a quantized or other subclass; while torch.export
-    traces without dynamo (its default, non-strict), also the FakeTensor that stands in for
-    one there (a fake of a subclass keeps the subclass's type)."""
-    cls = type(t)
-    return (cls is torch.Tensor or cls is nn.Parameter
-            or (cls is FakeTensor and torch.compiler.is_compiling()))
-
-
 def _plain(t) -> bool:
-    return t is None or _plain_tensor(t)
+    """None, or a plain tensor or parameter, not a quantized or other subclass; while
+    torch.export traces without dynamo (its default, non-strict), also the FakeTensor that
+    stands in for one there (a fake of a subclass keeps the subclass's type)."""
+    cls = type(t)
+    return (t is None or cls is torch.Tensor or cls is nn.Parameter
+            or (cls is FakeTensor and torch.compiler.is_compiling()))
 
 
 def _tensors_ok(x, tensors) -> bool:
@@ -216,11 +212,10 @@ def _tensors_ok(x, tensors) -> bool:
     other subclasses) on x's device, CPU or CUDA, of one float dtype; under autocast of
     any of those float dtypes, since the op then casts them all to autocast's dtype as the
     original's projections do (fused_mlp.functional, "Autocast")."""
-    if not _plain_tensor(x):
+    if x is None or not _plain(x):
         return False
     if x.dtype not in _FUSED_DTYPES or x.device.type not in _FUSED_DEVICES:
         return False
-    autocast = torch.is_autocast_enabled(x.device.type)
     if not _no_global_hooks():
         return False
     for t in tensors:
@@ -228,7 +223,7 @@ def _tensors_ok(x, tensors) -> bool:
             continue
         if not _plain(t) or t.device != x.device:
             return False
-        if t.dtype != x.dtype and not (autocast and t.dtype in _FUSED_DTYPES):
+        if t.dtype != x.dtype and not (t.dtype in _FUSED_DTYPES and torch.is_autocast_enabled(x.device.type)):
             return False
     return True
 
