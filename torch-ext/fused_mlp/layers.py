@@ -201,7 +201,8 @@ def _is_conv1d(m) -> bool:
 def _plain(t) -> bool:
     """None, or a plain tensor or parameter, not a quantized or other subclass; while
     torch.export traces without dynamo (its default, non-strict), also the FakeTensor that
-    stands in for one there (a fake of a subclass keeps the subclass's type)."""
+    stands in for a plain one there (torch fakes a traceable wrapper subclass under its own
+    type, so those still go to the original; not tested here)."""
     cls = type(t)
     return (t is None or cls is torch.Tensor or cls is nn.Parameter
             or (cls is FakeTensor and torch.compiler.is_compiling()))
