@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import json
 import os
 import shlex
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -149,9 +151,6 @@ def trace_events(prof, cats: tuple = ("kernel",)) -> list:
     "gpu_memset", "gpu_memcpy", "cpu_op", ...), sorted by start time, as the run's Chrome trace
     holds them: unlike prof.events(), a kernel's entry there carries its grid and block. Once
     per run: torch exports a run's trace only once."""
-    import json
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "trace.json"
         prof.export_chrome_trace(str(path))
@@ -163,8 +162,6 @@ def local_package(*submodules: str):
     """fused-mlp as users load it (kernels.get_kernel), from this checkout's staged Hub cache
     (.hub-cache, offline) unless KERNELS_CACHE / HF_HUB_OFFLINE say otherwise: the package
     and the named submodules (e.g. "triton_gemm"). Call before anything imports `kernels`."""
-    import os
-
     root = Path(__file__).resolve().parents[1]
     os.environ.setdefault("KERNELS_CACHE", str(root / ".hub-cache"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -178,8 +175,6 @@ def write_report(path, rows: list, **extra) -> None:
     """The results JSON: run_info(), `extra`, then the rows; nothing if path is None."""
     if path is None:
         return
-    import json
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps({**run_info(), **extra, "rows": rows}, indent=1) + "\n")
 
