@@ -1427,3 +1427,67 @@ def test_gpu_autocast(fused_mlp, monkeypatch, dtype, m):
             if isinstance(v, torch.Tensor):
                 assert v.grad.dtype == torch.float32, (name, k)
                 assert rel_err(v.grad, by_hand[k].grad.float()) <= TOL[dtype], (name, k)
+
+
+# ----------------------------------------------------------------------------- torch.func
+# Under a torch.func transform the four public functions run their plain-PyTorch reference:
+# the kernels take raw pointers (a transform's wrapped tensors have none) and the training
+# autograd Functions are not written for transforms. The results are then the transform of
+# the eager formula.
+
+def _transforms(call, t):
+    """{transform name: result} of grad (over every tensor), vmap (over x's first dimension),
+    jvp (along x) and per-sample gradients (vmap of grad) of call on the tensors t."""
+    tensors = {k: v for k, v in t.items() if isinstance(v, torch.Tensor)}
+    rest = {k: v for k, v in t.items() if k not in tensors}
+
+    def f(ts):
+        return call({**rest, **ts})
+
+    def per_x(x):
+        return f({**tensors, "x": x})
+
+    x = tensors["x"]
+    tangent = torch.linspace(-1, 1, x.numel(), device=x.device, dtype=x.dtype).reshape(x.shape)
+    return {
+        "grad": torch.func.grad(lambda ts: f(ts).square().sum())(tensors),
+        "vmap": torch.func.vmap(per_x)(tensors["x"]),
+        "jvp": torch.func.jvp(per_x, (tensors["x"],), (tangent,))[1],
+        "vmap_grad": torch.func.vmap(
+            torch.func.grad(lambda x, ts: f({**ts, "x": x}).square().sum(), argnums=1), in_dims=(0, None)
+        )(tensors["x"], tensors),
+    }
+
+
+@pytest.mark.parametrize("name", AUTOCAST_FNS)
+def test_cpu_func_transforms(fused_mlp, monkeypatch, name):
+    """grad, vmap, jvp and vmap(grad) through each public function equal the same transforms
+    of the eager formula (before, grad raised, and vmap / jvp of the gated functions raised
+    in the CPU path's out= matmul); outside a transform the gated functions do not call the
+    reference (on the CPU, mlp and linear_act run it as their own path)."""
+    _no_interpreter(monkeypatch)
+    t, call, eager = _autocast_case(fused_mlp, name, "cpu", seed=11)
+    got, want = _transforms(call, t), _transforms(eager, t)
+    for kind in want:
+        torch.testing.assert_close(got[kind], want[kind], rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} {kind}: {m}")
+    if name.startswith("gated"):
+        monkeypatch.setattr(fused_mlp.reference, name, _refuse)
+        call(t)  # no transform: the CPU path's act-and-mul op, not the reference
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the reference ran outside a torch.func transform")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_func_transforms(fused_mlp, dtype):
+    """The same on CUDA tensors (outside transforms these take the Triton / decode paths):
+    the transforms run, and as the reference is the eager formula's own ops, they agree
+    within assert_close's default bound for the dtype."""
+    for name in AUTOCAST_FNS:
+        t, call, eager = _autocast_case(fused_mlp, name, "cuda", seed=13)
+        t = _cast(t, dtype)
+        got, want = _transforms(call, t), _transforms(eager, t)
+        for kind in want:
+            torch.testing.assert_close(got[kind], want[kind], msg=lambda m: f"{name} {kind}: {m}")

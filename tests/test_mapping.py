@@ -597,6 +597,29 @@ def test_autocast_training_step(fused_mlp):
         assert rel_err(g_c[name], g_ref[name]) < 3e-2, name
 
 
+def test_func_grad_of_kernelized_model(fused_mlp):
+    """torch.func.grad over torch.func.functional_call of a kernelized model (per-sample
+    gradients, meta-learning): the layers hand the call to the original computation, so the
+    gradients are the unpatched model's bit for bit; outside the transform it runs fused."""
+    from kernels import Mode
+
+    base = tiny_llama().train()
+    patched = copy.deepcopy(base)
+    fused_mlp.mapping.kernelize(patched, mode=Mode.TRAINING, device="cpu")
+    x = ids()
+    params = {k: v.detach() for k, v in base.named_parameters()}
+
+    def loss_of(model):
+        return lambda p: torch.func.functional_call(model, p, (x,)).logits.square().mean()
+
+    want = torch.func.grad(loss_of(base))(params)
+    got = torch.func.grad(loss_of(patched))(params)
+    assert fused_mlp.layers.ORIGINAL_CALLS == {"GatedMLP": 2} and fused_mlp.layers.FUSED_CALLS == {}
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    patched(x)
+    assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 2}
+
+
 def test_active_dropout_runs_original_in_model(fused_mlp):
     """GPT-2 in training with resid_pdrop > 0: the MLP dropout is live, so the layers run the
     original computation: same ops, same random numbers, bitwise the unpatched output."""

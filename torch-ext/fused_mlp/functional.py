@@ -15,6 +15,10 @@ Autocast. Inside torch.autocast (for x's device) the four functions cast their
 floating-point operands (float64 excepted) to autocast's dtype, as F.linear's are, and
 run the MLP in it: the result has autocast's dtype on every path.
 
+torch.func. Under a transform (grad, vmap, jvp, jacrev, functional_call inside one) the
+four functions run their plain-PyTorch reference (fused_mlp.reference), which every
+transform supports; the kernels and the training Functions do not.
+
 Autograd. Without gradients (inference, torch.no_grad) the ops gated_mlp / mlp run.
 When a gradient is needed, the training ops gated_mlp_train / mlp_train run instead:
     recompute=False  the forward also returns the pre-activations (g | u, or pre) and h,
@@ -37,7 +41,7 @@ from typing import Optional
 
 import torch
 
-from . import dispatch
+from . import dispatch, reference
 from ._ops import add_op_namespace_prefix
 from .activations import canonical_activation, torch_activation, torch_activation_derivative
 from .triton_backward import NEED_DB_IN, NEED_DB_OUT, NEED_DW_IN, NEED_DW_OUT, NEED_DX
@@ -96,6 +100,13 @@ def _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, dow
 # and gradients reach float32 weights through the casts, as in an eager autocast step.
 # Like eager, a float32 weight is cast again at each call (autocast's cast cache keeps a cast
 # only for the rest of its region, and a forward uses each MLP weight once).
+
+
+# Whether a torch.func transform (grad, vmap, jvp, jacrev, ...) is running. The kernels take
+# raw pointers and the training autograd Functions save tensors the old way, so under a
+# transform the public functions run the reference (plain PyTorch ops, which every transform
+# supports). torch.compile traces this query too (it folds to the transform state it traces).
+_transform_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def _autocast_operand(t, device_type: str, dtype: torch.dtype):
@@ -411,6 +422,8 @@ def gated_mlp(
                          gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias, recompute=recompute)
     act = canonical_activation(activation)
     _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)
+    if _transform_active():
+        return reference.gated_mlp(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias)
     if _needs_grad(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
         if _may_take_node(x, recompute):
             y = dispatch.sm90_train(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias)
@@ -452,6 +465,10 @@ def gated_mlp_packed(
                                      or tuple(gate_up_bias.shape) != (2 * h,)):
         raise ValueError(f"gate_up_bias must have shape ({2 * h},), got {tuple(getattr(gate_up_bias, 'shape', ()))}")
     wg, wu, gate_b, up_b = dispatch.split_gate_up(gate_up_weight, None, gate_up_bias, None)
+    if _transform_active():
+        act = canonical_activation(activation)
+        _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
+        return reference.gated_mlp_packed(x, gate_up_weight, down_weight, act, gate_up_bias, down_bias)
     if _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
         act = canonical_activation(activation)
         _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
@@ -672,6 +689,8 @@ def mlp(
         _check_tensor("fc_bias", fc_bias, x, (hidden,))
     if proj_bias is not None:
         _check_tensor("proj_bias", proj_bias, x, (out,))
+    if _transform_active():
+        return reference.mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)
     if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
         if _may_take_node(x, recompute):
             y = dispatch.sm90_mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)
@@ -750,6 +769,8 @@ def linear_act(
     out = _check_first_projection("weight", weight, x, weight_layout)
     if bias is not None:
         _check_tensor("bias", bias, x, (out,))
+    if _transform_active():
+        return reference.linear_act(x, weight, bias, act, weight_layout)
     if not _run_direct(x):
         return _linear_act_op(x, weight, bias, act, weight_layout)
     if _needs_grad(x, weight, bias):
