@@ -1475,6 +1475,27 @@ def test_cpu_func_transforms(fused_mlp, monkeypatch, name):
         call(t)  # no transform: the CPU path's act-and-mul op, not the reference
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("name", AUTOCAST_FNS)
+def test_cpu_forward_ad(fused_mlp, monkeypatch, name, requires_grad):
+    """Inside a torch.autograd.forward_ad dual level (x dual, with and without a gradient
+    wanted): the output's tangent is the eager formula's. Before, the gated functions and
+    every training call raised (no jvp), and a kernel path would have dropped the tangent."""
+    import torch.autograd.forward_ad as fwad
+
+    _no_interpreter(monkeypatch)
+    t, call, eager = _autocast_case(fused_mlp, name, "cpu", seed=17)
+    tangent = torch.randn(t["x"].shape, generator=torch.Generator().manual_seed(3))
+    out = {}
+    for which, fn in (("ours", call), ("eager", eager)):
+        with fwad.dual_level():
+            x = fwad.make_dual(t["x"].detach().requires_grad_(requires_grad), tangent)
+            primal, tan = fwad.unpack_dual(fn({**t, "x": x}))
+            out[which] = (primal.detach(), tan)
+    assert out["ours"][1] is not None, name
+    torch.testing.assert_close(out["ours"], out["eager"], rtol=1e-5, atol=1e-5)
+
+
 def _refuse(*args, **kwargs):
     raise AssertionError("the reference ran outside a torch.func transform")
 

@@ -620,6 +620,27 @@ def test_func_grad_of_kernelized_model(fused_mlp):
     assert fused_mlp.layers.FUSED_CALLS == {"GatedMLP": 2}
 
 
+def test_forward_ad_through_kernelized_model(fused_mlp):
+    """A forward-mode AD dual level around a kernelized model (a JVP along the input
+    embeddings): the layers run the original computation, the logits' tangent is the
+    unpatched model's."""
+    import torch.autograd.forward_ad as fwad
+    from kernels import Mode
+
+    base = tiny_llama(attn_implementation="eager")  # torch's CPU SDPA has no forward AD
+    patched = copy.deepcopy(base)
+    fused_mlp.mapping.kernelize(patched, mode=Mode.INFERENCE, device="cpu")
+    embeds = base.get_input_embeddings()(ids()).detach()
+    tangent = torch.randn(embeds.shape, generator=torch.Generator().manual_seed(2))
+    tangents = []
+    for model in (base, patched):
+        with torch.no_grad(), fwad.dual_level():
+            logits = model(inputs_embeds=fwad.make_dual(embeds, tangent)).logits
+            tangents.append(fwad.unpack_dual(logits).tangent)
+    assert fused_mlp.layers.ORIGINAL_CALLS == {"GatedMLP": 2} and fused_mlp.layers.FUSED_CALLS == {}
+    torch.testing.assert_close(tangents[1], tangents[0], rtol=0, atol=0)
+
+
 def test_active_dropout_runs_original_in_model(fused_mlp):
     """GPT-2 in training with resid_pdrop > 0: the MLP dropout is live, so the layers run the
     original computation: same ops, same random numbers, bitwise the unpatched output."""
