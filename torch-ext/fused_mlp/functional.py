@@ -112,8 +112,8 @@ def _transform_active() -> bool:
     AD dual level (torch.autograd.forward_ad) is open. The kernels take raw pointers (a
     transform's wrapped tensors have none; a dual tensor's tangent would be dropped) and the
     training autograd Functions have no jvp, so then the public functions run the reference:
-    plain PyTorch ops, which every transform and forward AD support. Both queries are cheap
-    (~0.03 us) and torch.compile traces them."""
+    plain PyTorch ops, which every transform and forward AD support. The two queries cost
+    ~0.05 us together (CPU of session 46) and torch.compile traces them."""
     return _functorch_active() or _forward_ad._current_level >= 0
 
 

@@ -17,8 +17,8 @@ Every forward has two paths:
 * original: anything else runs the block's original computation, written out below
   from the module's own submodules exactly as transformers writes it. An unknown
   activation, active dropout, float64, a quantized or wrapped projection, a
-  tensor subclass, a torch.func transform (grad, vmap, jvp, ...) around the call: all of
-  these get the original function, never a different one.
+  tensor subclass, a torch.func transform (grad, vmap, jvp, ...) or a forward-AD dual
+  level around the call: all of these get the original function, never a different one.
 
 `FUSED_CALLS` / `ORIGINAL_CALLS` count, per layer name, which path ran in eager calls.
 Under torch.compile they are left alone: dynamo would guard on the counter's value, and
@@ -214,8 +214,8 @@ def _tensors_ok(x, tensors) -> bool:
     other subclasses) on x's device, CPU or CUDA, of one float dtype; under autocast of
     any of those float dtypes, since the op then casts them all to autocast's dtype as the
     original's projections do (fused_mlp.functional, "Autocast"). Not under a torch.func
-    transform: there the functions would run their reference anyway, and the original is
-    the model's own computation."""
+    transform or in a forward-AD dual level: there the functions would run their reference
+    anyway, and the original is the model's own computation."""
     if x is None or not _plain(x) or _transform_active():
         return False
     if x.dtype not in _FUSED_DTYPES or x.device.type not in _FUSED_DEVICES:
