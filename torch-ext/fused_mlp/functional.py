@@ -104,19 +104,6 @@ def _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, dow
 # only for the rest of its region, and a forward uses each MLP weight once).
 
 
-_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-
-
-def _transform_active() -> bool:
-    """Whether a torch.func transform (grad, vmap, jvp, jacrev, ...) runs, or a forward-mode
-    AD dual level (torch.autograd.forward_ad) is open. The kernels take raw pointers (a
-    transform's wrapped tensors have none; a dual tensor's tangent would be dropped) and the
-    training autograd Functions have no jvp, so then the public functions run the reference:
-    plain PyTorch ops, which every transform and forward AD support. The two queries cost
-    ~0.05 us together (CPU of session 46) and torch.compile traces them."""
-    return _functorch_active() or _forward_ad._current_level >= 0
-
-
 def _autocast_operand(t, device_type: str, dtype: torch.dtype):
     if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
             and t.device.type == device_type):
@@ -151,6 +138,17 @@ def _run_cast(fn, autocast, *args, **kwargs):
     kwargs = {k: _autocast_operand(v, device_type, dtype) for k, v in kwargs.items()}
     with torch.autocast(device_type, enabled=False):
         return fn(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- torch.func
+def _transform_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jvp, jacrev, ...) runs, or a forward-mode
+    AD dual level (torch.autograd.forward_ad) is open. The kernels take raw pointers (a
+    transform's wrapped tensors have none; a dual tensor's tangent would be dropped) and the
+    training autograd Functions have no jvp, so then the public functions run the reference:
+    plain PyTorch ops, which every transform and forward AD support. The two queries cost
+    ~0.05 us together (CPU of session 46) and torch.compile traces them."""
+    return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
 
 # ----------------------------------------------------------------------------- backward
