@@ -471,13 +471,12 @@ def gated_mlp_packed(
                                      or tuple(gate_up_bias.shape) != (2 * h,)):
         raise ValueError(f"gate_up_bias must have shape ({2 * h},), got {tuple(getattr(gate_up_bias, 'shape', ()))}")
     wg, wu, gate_b, up_b = dispatch.split_gate_up(gate_up_weight, None, gate_up_bias, None)
-    if _transform_active():
+    transform = _transform_active()
+    if transform or _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
         act = canonical_activation(activation)
         _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
-        return reference.gated_mlp_packed(x, gate_up_weight, down_weight, act, gate_up_bias, down_bias)
-    if _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
-        act = canonical_activation(activation)
-        _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
+        if transform:
+            return reference.gated_mlp_packed(x, gate_up_weight, down_weight, act, gate_up_bias, down_bias)
         if _may_take_node(x, recompute):
             y = dispatch.sm90_train(x, gate_up_weight, None, down_weight, act, gate_up_bias, None, down_bias)
             if y is not None:  # one C++ autograd node; the packed weight's gradient comes back whole
