@@ -228,6 +228,45 @@ def test_raw_op_rejects_unknown_activation_id(fused_mlp, device):
 
 
 # --------------------------------------------------------------------------- #
+# No derivative: refused where one would be wanted (as torch's out= functions do)
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled", [True, False], ids=["build", "fallback"])
+def test_refuses_autodiff(fused_mlp, device, compiled, monkeypatch):
+    """Without the refusal a gradient or tangent through these ops went missing silently
+    (torch.func.grad returned zeros, a dual tensor's tangent was dropped, out had no grad_fn)."""
+    import torch.autograd.forward_ad as fwAD
+
+    if not compiled:
+        monkeypatch.setattr(act_and_mul_module(fused_mlp), "has_compiled_kernel", lambda op, dev: False)
+    x = make_input((3, 2 * 8), torch.float32, device, seed=31)
+
+    def run(t, out=None):
+        return fused_mlp.silu_and_mul(out if out is not None else out_for(t), t)
+
+    with pytest.raises(RuntimeError, match="silu_and_mul has no derivative.*input requires grad"):
+        run(x.clone().requires_grad_())
+    with pytest.raises(RuntimeError, match="gelu_and_mul has no derivative.*out requires grad"):
+        fused_mlp.act_and_mul(out_for(x).requires_grad_(), x, "gelu")
+    with pytest.raises(RuntimeError, match="no derivative.*torch.func transform"):
+        torch.func.grad(lambda t: run(t, torch.empty(3, 8, device=device)).sum())(x)
+    with pytest.raises(RuntimeError, match="no derivative.*torch.func transform"):
+        torch.func.vmap(lambda t: run(t, torch.empty(8, device=device)))(x)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        with pytest.raises(RuntimeError, match="no derivative.*forward-mode AD"):
+            run(dual)
+    # What the message points to works under each of them, and plain calls still run.
+    g = torch.func.grad(lambda t: fused_mlp.reference.act_and_mul(t, "silu").sum())(x)
+    assert g.shape == x.shape and g.abs().sum() > 0
+    with torch.no_grad():
+        assert rel_err(run(x.clone().requires_grad_()), reference(fused_mlp, x, "silu")) <= TOL[torch.float32]
+    assert rel_err(run(x), reference(fused_mlp, x, "silu")) <= TOL[torch.float32]
+
+
+# --------------------------------------------------------------------------- #
 # torch.compile and the reference fallback
 # --------------------------------------------------------------------------- #
 

@@ -48,6 +48,39 @@ def test_decode_not_available_on_cpu(fused_mlp):
         assert not hasattr(fused_mlp.ops, "decode_gate_up")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_refuses_autodiff(fused_mlp, device):
+    """The decode kernels have no derivative: where one would be wanted they raise (before
+    any kernel runs, so the CPU build checks it too) instead of returning a result without
+    its gradient or tangent. The dispatcher's own calls take the unchecked forms."""
+    import torch.autograd.forward_ad as fwAD
+
+    dec = decode_module(fused_mlp)
+    x = torch.randn(2, 16, device=device)
+    wg, wu, wd = (torch.randn(24, 16, device=device) for _ in range(3))
+    wd = wd.t().contiguous()
+    w = torch.nn.Parameter(torch.randn(24, 16, device=device))  # a model's weight: requires grad
+    with pytest.raises(RuntimeError, match="decode.gate_up has no derivative.*gate_weight requires grad"):
+        dec.gate_up(x, w, wu)
+    with pytest.raises(RuntimeError, match="decode.linear has no derivative.*bias requires grad"):
+        dec.linear(x, wg, torch.zeros(24, device=device, requires_grad=True))
+    with pytest.raises(RuntimeError, match="decode.gated_mlp has no derivative.*x2d requires grad"):
+        dec.gated_mlp(x.clone().requires_grad_(), wg, wu, wd)
+    with pytest.raises(RuntimeError, match="decode.mlp has no derivative.*proj_weight requires grad"):
+        dec.mlp(x, wg, None, torch.nn.Parameter(wd), None, "gelu")
+    with pytest.raises(RuntimeError, match="decode.gated_mlp has no derivative.*torch.func transform"):
+        torch.func.vmap(lambda t: dec.gated_mlp(t[None], wg, wu, wd))(x)
+    with fwAD.dual_level():
+        with pytest.raises(RuntimeError, match="decode.linear has no derivative.*forward-mode AD"):
+            dec.linear(fwAD.make_dual(x, torch.ones_like(x)), wg)
+    if dec.available(torch.device(device)):
+        with torch.no_grad():  # grad mode off: a Parameter is fine
+            got = dec.gate_up(x, w, wu)
+        want = fused_mlp.reference.act_and_mul(torch.cat([x.double() @ w.detach().double().t(),
+                                                          x.double() @ wu.double().t()], 1), "silu")
+        assert rel_err(got, want) <= TOL[torch.float32]
+
+
 # ----------------------------------------------------------------------------- helpers
 
 

@@ -164,8 +164,8 @@ def test_decode_hook_wiring(fused_mlp, monkeypatch):
     fake = types.SimpleNamespace(
         MAX_M=8,
         available=lambda device: True,
-        gated_mlp=lambda *a: calls.append(("gated", a)) or fused_mlp.reference.gated_mlp(*a),
-        mlp=lambda *a: calls.append(("mlp", a)) or fused_mlp.reference.mlp(*a),
+        _gated_mlp=lambda *a: calls.append(("gated", a)) or fused_mlp.reference.gated_mlp(*a),
+        _mlp=lambda *a: calls.append(("mlp", a)) or fused_mlp.reference.mlp(*a),
     )
     monkeypatch.setattr(d, "_decode_module", lambda: fake)
     d._decode_available.cache_clear()

@@ -558,6 +558,33 @@ def test_act_and_mul_layer_with_grad_runs_original(fused_mlp):
     torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("transform", ["forward_ad", "jvp", "vmap"])
+def test_act_and_mul_layer_under_transforms_runs_original(fused_mlp, transform):
+    """The act-and-mul kernel has no derivative and no batching rule: under forward AD and
+    torch.func transforms the layer computes the formula (the tangent is not dropped)."""
+    import torch.autograd.forward_ad as fwAD
+
+    torch.manual_seed(0)
+    x, t = torch.randn(4, 16), torch.randn(4, 16)
+    m = fused_mlp.layers.SiluAndMul()
+
+    def f(z):
+        return F.silu(z[..., :8]) * z[..., 8:]
+
+    if transform == "forward_ad":
+        with fwAD.dual_level():
+            out = fwAD.unpack_dual(m(fwAD.make_dual(x, t)))
+        got, ref = (out.primal, out.tangent), torch.func.jvp(f, (x,), (t,))
+    elif transform == "jvp":
+        got, ref = torch.func.jvp(m, (x,), (t,)), torch.func.jvp(f, (x,), (t,))
+    else:
+        got, ref = (torch.func.vmap(m)(x),), (f(x),)
+    for a, b in zip(got, ref):
+        assert a is not None
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert fused_mlp.layers.FUSED_CALLS == {} and sum(fused_mlp.layers.ORIGINAL_CALLS.values()) >= 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("layer", ["GatedMLP", "PackedGatedMLP"])

@@ -4,6 +4,10 @@ Same calling convention as kernels-community/activation: `op(out, x)` writes
 into `out` and returns it. The compiled kernels (kernel_src/cuda, kernel_src/cpu)
 run where this variant has one for the tensors' device; elsewhere (a CUDA variant
 given CPU tensors, say) the reference computes the same function into `out`.
+
+Like torch's out= functions they have no derivative: called with an argument that requires
+grad (grad mode on), under a torch.func transform or inside a forward-AD dual level they
+raise (use fused_mlp.reference.act_and_mul, or the layers, which fall back to it).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
+from ._autodiff import refuse_autodiff
 from ._ops import add_op_namespace_prefix, ops
 from .activations import ACTIVATION_IDS, canonical_activation
 
@@ -67,6 +72,7 @@ def _check_args(out: torch.Tensor, x: torch.Tensor) -> None:
 def act_and_mul(out: torch.Tensor, x: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     """out = act(x[..., :d]) * x[..., d:] for any activation fused-mlp knows."""
     act = canonical_activation(activation)
+    refuse_autodiff(f"{act}_and_mul", "fused_mlp.reference.act_and_mul(input, activation)", out=out, input=x)
     if has_compiled_kernel("act_and_mul", x.device):
         ops.act_and_mul(out, x, ACTIVATION_IDS[act])
     else:

@@ -15,6 +15,11 @@ x2d is [M, D] with M <= MAX_M; weights are nn.Linear's [out, in] with unit strid
 the last dimension (rows may be strided: gate_up_weight[:h] / [h:] slices of a packed
 weight work without a copy). float32, float16 and bfloat16; fp32 accumulation. The
 compiled ops exist only in CUDA builds: check `available(device)` first.
+
+These are inference kernels: they have no derivative, and called with an argument that
+requires grad (grad mode on), under a torch.func transform or inside a forward-AD dual level
+they raise; fused_mlp.gated_mlp / mlp / linear_act support all three. The dispatcher calls
+the unchecked forms (_gated_mlp, _mlp, _linear) on its inference path.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from ._autodiff import refuse_autodiff
 from ._ops import add_op_namespace_prefix, ops
 from .act_and_mul import has_compiled_kernel
 from .activations import activation_id
@@ -84,6 +90,31 @@ def _unit_stride(b: Optional[Tensor]) -> Optional[Tensor]:
     return b if b is None or b.stride(0) == 1 or b.shape[0] <= 1 else b.contiguous()
 
 
+def _gate_up(x2d, gate_weight, up_weight, gate_bias, up_bias, activation) -> Tensor:
+    act = activation_id(activation)
+    x2d = _x2d(x2d)
+    out = torch.empty((x2d.shape[0], gate_weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
+    ops.decode_gate_up(out, x2d, gate_weight, up_weight, _unit_stride(gate_bias), _unit_stride(up_bias), act)
+    return out
+
+
+def _linear(x2d, weight, bias, activation) -> Tensor:
+    act = activation_id(activation)
+    x2d = _x2d(x2d)
+    out = torch.empty((x2d.shape[0], weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
+    ops.decode_linear(out, x2d, weight, _unit_stride(bias), act)
+    return out
+
+
+def _gated_mlp(x2d, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias) -> Tensor:
+    h = _gate_up(x2d, gate_weight, up_weight, gate_bias, up_bias, activation)
+    return _linear(h, down_weight, down_bias, "identity")
+
+
+def _mlp(x2d, fc_weight, fc_bias, proj_weight, proj_bias, activation) -> Tensor:
+    return _linear(_linear(x2d, fc_weight, fc_bias, activation), proj_weight, proj_bias, "identity")
+
+
 def gate_up(
     x2d: Tensor,
     gate_weight: Tensor,
@@ -93,20 +124,15 @@ def gate_up(
     activation: str = "silu",
 ) -> Tensor:
     """act(x2d gate_weight^T + gate_bias) * (x2d up_weight^T + up_bias), shape [M, hidden]."""
-    act = activation_id(activation)
-    x2d = _x2d(x2d)
-    out = torch.empty((x2d.shape[0], gate_weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
-    ops.decode_gate_up(out, x2d, gate_weight, up_weight, _unit_stride(gate_bias), _unit_stride(up_bias), act)
-    return out
+    refuse_autodiff("fused_mlp.decode.gate_up", "fused_mlp.gated_mlp", x2d=x2d, gate_weight=gate_weight,
+                    up_weight=up_weight, gate_bias=gate_bias, up_bias=up_bias)
+    return _gate_up(x2d, gate_weight, up_weight, gate_bias, up_bias, activation)
 
 
 def linear(x2d: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: str = "identity") -> Tensor:
     """act(x2d weight^T + bias), shape [M, out]; activation "identity" for a plain linear."""
-    act = activation_id(activation)
-    x2d = _x2d(x2d)
-    out = torch.empty((x2d.shape[0], weight.shape[0]), dtype=x2d.dtype, device=x2d.device)
-    ops.decode_linear(out, x2d, weight, _unit_stride(bias), act)
-    return out
+    refuse_autodiff("fused_mlp.decode.linear", "fused_mlp.linear_act", x2d=x2d, weight=weight, bias=bias)
+    return _linear(x2d, weight, bias, activation)
 
 
 def gated_mlp(
@@ -120,8 +146,10 @@ def gated_mlp(
     down_bias: Optional[Tensor] = None,
 ) -> Tensor:
     """down(act(gate(x)) * up(x)) for few rows: two launches, [M, hidden] in between."""
-    h = gate_up(x2d, gate_weight, up_weight, gate_bias, up_bias, activation)
-    return linear(h, down_weight, down_bias, "identity")
+    refuse_autodiff("fused_mlp.decode.gated_mlp", "fused_mlp.gated_mlp", x2d=x2d, gate_weight=gate_weight,
+                    up_weight=up_weight, down_weight=down_weight, gate_bias=gate_bias, up_bias=up_bias,
+                    down_bias=down_bias)
+    return _gated_mlp(x2d, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
 
 
 def mlp(
@@ -133,8 +161,9 @@ def mlp(
     activation: str = "gelu_tanh",
 ) -> Tensor:
     """proj(act(fc(x))) for few rows, nn.Linear weight layout only ([out, in])."""
-    h = linear(x2d, fc_weight, fc_bias, activation)
-    return linear(h, proj_weight, proj_bias, "identity")
+    refuse_autodiff("fused_mlp.decode.mlp", "fused_mlp.mlp", x2d=x2d, fc_weight=fc_weight, fc_bias=fc_bias,
+                    proj_weight=proj_weight, proj_bias=proj_bias)
+    return _mlp(x2d, fc_weight, fc_bias, proj_weight, proj_bias, activation)
 
 
 __all__ = ["MAX_M", "available", "gate_up", "gated_mlp", "linear", "mlp"]

@@ -232,7 +232,7 @@ def gated_mlp_forward(
         return _kernels(path).gated_mlp(
             x, gate_weight, up_weight, down_weight, activation_id(activation), gate_bias, up_bias, down_bias)
     if path == "decode":
-        return _decode_module().gated_mlp(
+        return _decode_module()._gated_mlp(
             x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
     if path == "cpu-act-and-mul":
         return _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
@@ -254,7 +254,7 @@ def mlp_forward(
         return _kernels(path).mlp(
             x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id(activation), weight_layout)
     if path == "decode":
-        return _decode_module().mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation)
+        return _decode_module()._mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation)
     return reference.mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation, weight_layout)
 
 
@@ -272,7 +272,7 @@ def linear_act_forward(
     if path in ("triton", "triton-interpret"):
         return _kernels(path).linear_act(x, weight, bias, activation_id(activation), weight_layout)
     if path == "decode":
-        return _decode_module().linear(x, weight, bias, activation)
+        return _decode_module()._linear(x, weight, bias, activation)
     return reference.linear_act(x, weight, bias, activation, weight_layout)
 
 

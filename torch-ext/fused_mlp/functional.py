@@ -41,9 +41,9 @@ import math
 from typing import Optional
 
 import torch
-import torch.autograd.forward_ad as _forward_ad
 
 from . import dispatch, reference
+from ._autodiff import transform_active
 from ._ops import add_op_namespace_prefix
 from .activations import canonical_activation, torch_activation, torch_activation_derivative
 from .triton_backward import NEED_DB_IN, NEED_DB_OUT, NEED_DW_IN, NEED_DW_OUT, NEED_DX
@@ -138,17 +138,6 @@ def _run_cast(fn, autocast, *args, **kwargs):
     kwargs = {k: _autocast_operand(v, device_type, dtype) for k, v in kwargs.items()}
     with torch.autocast(device_type, enabled=False):
         return fn(*args, **kwargs)
-
-
-# ----------------------------------------------------------------------------- torch.func
-def _transform_active() -> bool:
-    """Whether a torch.func transform (grad, vmap, jvp, jacrev, ...) runs, or a forward-mode
-    AD dual level (torch.autograd.forward_ad) is open. The kernels take raw pointers (a
-    transform's wrapped tensors have none; a dual tensor's tangent would be dropped) and the
-    training autograd Functions have no jvp, so then the public functions run the reference:
-    plain PyTorch ops, which every transform and forward AD support. The two queries cost
-    ~0.05 us together (CPU of session 46) and torch.compile traces them."""
-    return torch._C._are_functorch_transforms_active() or _forward_ad._current_level >= 0
 
 
 # ----------------------------------------------------------------------------- backward
@@ -428,7 +417,7 @@ def gated_mlp(
                          gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias, recompute=recompute)
     act = canonical_activation(activation)
     _check_gated(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias)
-    if _transform_active():
+    if transform_active():
         return reference.gated_mlp(x, gate_weight, up_weight, down_weight, act, gate_bias, up_bias, down_bias)
     if _needs_grad(x, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
         if _may_take_node(x, recompute):
@@ -471,7 +460,7 @@ def gated_mlp_packed(
                                      or tuple(gate_up_bias.shape) != (2 * h,)):
         raise ValueError(f"gate_up_bias must have shape ({2 * h},), got {tuple(getattr(gate_up_bias, 'shape', ()))}")
     wg, wu, gate_b, up_b = dispatch.split_gate_up(gate_up_weight, None, gate_up_bias, None)
-    transform = _transform_active()
+    transform = transform_active()
     if transform or _needs_grad(x, gate_up_weight, down_weight, gate_up_bias, down_bias):
         act = canonical_activation(activation)
         _check_gated(x, wg, wu, down_weight, gate_b, up_b, down_bias)
@@ -694,7 +683,7 @@ def mlp(
         _check_tensor("fc_bias", fc_bias, x, (hidden,))
     if proj_bias is not None:
         _check_tensor("proj_bias", proj_bias, x, (out,))
-    if _transform_active():
+    if transform_active():
         return reference.mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, act, weight_layout)
     if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
         if _may_take_node(x, recompute):
@@ -774,7 +763,7 @@ def linear_act(
     out = _check_first_projection("weight", weight, x, weight_layout)
     if bias is not None:
         _check_tensor("bias", bias, x, (out,))
-    if _transform_active():
+    if transform_active():
         return reference.linear_act(x, weight, bias, act, weight_layout)
     if not _run_direct(x):
         return _linear_act_op(x, weight, bias, act, weight_layout)

@@ -37,7 +37,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import reference
 from .act_and_mul import act_and_mul
-from .functional import _transform_active, gated_mlp, gated_mlp_packed, linear_act, mlp
+from ._autodiff import transform_active
+from .functional import gated_mlp, gated_mlp_packed, linear_act, mlp
 
 __all__ = [
     "FUSED_CALLS",
@@ -216,7 +217,7 @@ def _tensors_ok(x, tensors) -> bool:
     original's projections do (fused_mlp.functional, "Autocast"). Not under a torch.func
     transform or in a forward-AD dual level: there the functions would run their reference
     anyway, and the original is the model's own computation."""
-    if x is None or not _plain(x) or _transform_active():
+    if x is None or not _plain(x) or transform_active():
         return False
     if x.dtype not in _FUSED_DTYPES or x.device.type not in _FUSED_DEVICES:
         return False
@@ -588,8 +589,9 @@ def _act_and_mul_layer(x, activation: str, name: str):
         and x.shape[-1] % 2 == 0
         and x.dtype in _FUSED_DTYPES
         and x.device.type in _FUSED_DEVICES
-        # act_and_mul writes into `out` and has no autograd formula.
+        # act_and_mul writes into `out` and has no derivative (it refuses such calls).
         and not (x.requires_grad and torch.is_grad_enabled())
+        and not transform_active()
     )
     if fusable:
         _fused(name)
