@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
-from ._autodiff import refuse_autodiff
+from ._autodiff import autodiff_wanted, refuse_autodiff
 from ._ops import add_op_namespace_prefix, ops
 from .activations import ACTIVATION_IDS, canonical_activation
 
@@ -72,7 +72,8 @@ def _check_args(out: torch.Tensor, x: torch.Tensor) -> None:
 def act_and_mul(out: torch.Tensor, x: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     """out = act(x[..., :d]) * x[..., d:] for any activation fused-mlp knows."""
     act = canonical_activation(activation)
-    refuse_autodiff(f"{act}_and_mul", "fused_mlp.reference.act_and_mul(input, activation)", out=out, input=x)
+    if autodiff_wanted(out, x):
+        refuse_autodiff(f"{act}_and_mul", "fused_mlp.reference.act_and_mul(input, activation)", out=out, input=x)
     if has_compiled_kernel("act_and_mul", x.device):
         ops.act_and_mul(out, x, ACTIVATION_IDS[act])
     else:

@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from ._autodiff import refuse_autodiff
+from ._autodiff import autodiff_wanted, refuse_autodiff
 from ._ops import add_op_namespace_prefix, ops
 from .act_and_mul import has_compiled_kernel
 from .activations import activation_id
@@ -124,14 +124,16 @@ def gate_up(
     activation: str = "silu",
 ) -> Tensor:
     """act(x2d gate_weight^T + gate_bias) * (x2d up_weight^T + up_bias), shape [M, hidden]."""
-    refuse_autodiff("fused_mlp.decode.gate_up", "fused_mlp.gated_mlp", x2d=x2d, gate_weight=gate_weight,
-                    up_weight=up_weight, gate_bias=gate_bias, up_bias=up_bias)
+    if autodiff_wanted(x2d, gate_weight, up_weight, gate_bias, up_bias):
+        refuse_autodiff("fused_mlp.decode.gate_up", "fused_mlp.gated_mlp", x2d=x2d, gate_weight=gate_weight,
+                        up_weight=up_weight, gate_bias=gate_bias, up_bias=up_bias)
     return _gate_up(x2d, gate_weight, up_weight, gate_bias, up_bias, activation)
 
 
 def linear(x2d: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: str = "identity") -> Tensor:
     """act(x2d weight^T + bias), shape [M, out]; activation "identity" for a plain linear."""
-    refuse_autodiff("fused_mlp.decode.linear", "fused_mlp.linear_act", x2d=x2d, weight=weight, bias=bias)
+    if autodiff_wanted(x2d, weight, bias):
+        refuse_autodiff("fused_mlp.decode.linear", "fused_mlp.linear_act", x2d=x2d, weight=weight, bias=bias)
     return _linear(x2d, weight, bias, activation)
 
 
@@ -146,9 +148,10 @@ def gated_mlp(
     down_bias: Optional[Tensor] = None,
 ) -> Tensor:
     """down(act(gate(x)) * up(x)) for few rows: two launches, [M, hidden] in between."""
-    refuse_autodiff("fused_mlp.decode.gated_mlp", "fused_mlp.gated_mlp", x2d=x2d, gate_weight=gate_weight,
-                    up_weight=up_weight, down_weight=down_weight, gate_bias=gate_bias, up_bias=up_bias,
-                    down_bias=down_bias)
+    if autodiff_wanted(x2d, gate_weight, up_weight, down_weight, gate_bias, up_bias, down_bias):
+        refuse_autodiff("fused_mlp.decode.gated_mlp", "fused_mlp.gated_mlp", x2d=x2d, gate_weight=gate_weight,
+                        up_weight=up_weight, down_weight=down_weight, gate_bias=gate_bias, up_bias=up_bias,
+                        down_bias=down_bias)
     return _gated_mlp(x2d, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias)
 
 
@@ -161,8 +164,9 @@ def mlp(
     activation: str = "gelu_tanh",
 ) -> Tensor:
     """proj(act(fc(x))) for few rows, nn.Linear weight layout only ([out, in])."""
-    refuse_autodiff("fused_mlp.decode.mlp", "fused_mlp.mlp", x2d=x2d, fc_weight=fc_weight, fc_bias=fc_bias,
-                    proj_weight=proj_weight, proj_bias=proj_bias)
+    if autodiff_wanted(x2d, fc_weight, fc_bias, proj_weight, proj_bias):
+        refuse_autodiff("fused_mlp.decode.mlp", "fused_mlp.mlp", x2d=x2d, fc_weight=fc_weight, fc_bias=fc_bias,
+                        proj_weight=proj_weight, proj_bias=proj_bias)
     return _mlp(x2d, fc_weight, fc_bias, proj_weight, proj_bias, activation)
 
 

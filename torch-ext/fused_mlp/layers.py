@@ -37,7 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import reference
 from .act_and_mul import act_and_mul
-from ._autodiff import transform_active
+from ._autodiff import autodiff_wanted, transform_active
 from .functional import gated_mlp, gated_mlp_packed, linear_act, mlp
 
 __all__ = [
@@ -590,8 +590,7 @@ def _act_and_mul_layer(x, activation: str, name: str):
         and x.dtype in _FUSED_DTYPES
         and x.device.type in _FUSED_DEVICES
         # act_and_mul writes into `out` and has no derivative (it refuses such calls).
-        and not (x.requires_grad and torch.is_grad_enabled())
-        and not transform_active()
+        and not autodiff_wanted(x)
     )
     if fusable:
         _fused(name)
