@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Can a down GEMM of ours stream W_down at cuBLAS's rate in one kernel? (session 48, a probe;
+nothing here is used by the package.)
+
+Times `down_stream.cu`'s TMA stream of the bytes a single-kernel down GEMM at SwiGLU M 128 would
+read (W_down's row block and, per K step, h's 128 x 64 box; K cut in parts that a cluster would
+reduce), beside what the op runs today, in one process:
+
+  linear           F.linear(h, W_down)
+  bmm_only         cuBLAS's strided-batched GEMM over the two K halves (fp32 partial sums): the
+                   main kernel of the op's down projection in graphs (its reduction excluded)
+  ceiling          W_down's 117 MB read once by a grid-stride kernel (16-byte loads)
+  s_rbR_pP_hH_sS   the probe: R W_down rows per CTA, P K parts, h by each CTA (H=1), by CTA pairs
+                   with multicast (H=2) or not at all (H=0), S ring stages
+  op               fused_mlp.gated_mlp (our gate/up kernel, then the split down projection)
+  gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
+                   h just written)
+
+Each form is a CUDA graph, timed by events around replays, interleaved, L2 evicted by a 256 MiB
+fill and by a read (_common.interleaved_us). Each probe form's landed bytes are checked once (a
+sum of one word per box, against the same words summed here).
+
+    python3 benchmarks/micro/down_stream.py [--lib .probe/libdown_stream.so] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import graphed, interleaved_us, local_package, swiglu_operands, write_report  # noqa: E402
+
+CONFIGS = [  # (rows per CTA, K parts, h mode, stages)
+    (64, 2, 0, 8),
+    (64, 2, 1, 8),
+    (64, 2, 2, 8),
+    (64, 2, 1, 4),
+    (128, 4, 0, 6),
+    (128, 4, 1, 6),
+    (128, 4, 2, 6),
+    (64, 1, 1, 8),
+]
+
+
+def name_of(rb: int, parts: int, hmode: int, stages: int) -> str:
+    return f"s_rb{rb}_p{parts}_h{hmode}_s{stages}"
+
+
+def expected_sink(wd: torch.Tensor, h: torch.Tensor, rb: int, hmode: int) -> int:
+    """What the consumers add up: one word of W_down's box per row block and K step, and (h
+    mode 1 or 2) one word of h's box per CTA and K step (every row block sees every step once)."""
+    w32 = wd.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    total = int(w32[::rb, ::32].sum())
+    if hmode:
+        h32 = h.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        total += (wd.shape[0] // rb) * int(h32[0, ::32].sum())
+    return total % (1 << 64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=str(ROOT / ".probe" / "libdown_stream.so"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    lib = ctypes.CDLL(args.lib)
+    lib.down_stream_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 6 + [ctypes.c_void_p] * 2
+    lib.down_stream_ceiling.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.down_stream_max_clusters.argtypes = [ctypes.c_int, ctypes.c_int]
+    (fm,) = local_package()
+    act = fm.activations.ACTIVATION_IDS["silu"]
+    m = 128
+    x, wg, wu, wd = swiglu_operands(m=m)
+    n, k = wd.shape
+    hbuf = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+    fm.ops.gated_gemm_sm90(hbuf, x, wg, wu, None, None, None, act, 0)
+    h = hbuf.clone()
+    sink = torch.zeros(1, device="cuda", dtype=torch.int64)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for size, smem in ((2, 8 * 24 * 1024), (4, 6 * 32 * 1024), (4, 100 * 1024), (8, 6 * 32 * 1024)):
+        print(f"[occupancy] clusters of {size} with {smem // 1024} KB each: "
+              f"{lib.down_stream_max_clusters(size, smem)} resident", flush=True)
+
+    def stream(hh, rb, parts, hmode, stages):
+        def run():
+            rc = lib.down_stream_launch(wd.data_ptr(), hh.data_ptr(), n, k, rb, parts, hmode, stages, sink.data_ptr(),
+                                        torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise ValueError(f"configuration not taken: {(rb, parts, hmode, stages)}")
+        return run
+
+    hb = h.view(m, 2, k // 2).transpose(0, 1)
+    hbb = hbuf.view(m, 2, k // 2).transpose(0, 1)
+    wb = wd.view(n, 2, k // 2).permute(1, 2, 0)
+    p = torch.empty(2, m, n, device="cuda", dtype=torch.float32)
+    forms = {
+        "linear": lambda: F.linear(h, wd),
+        "bmm_only": lambda: torch.bmm(hb, wb, torch.float32, out=p),
+        "ceiling": lambda: lib.down_stream_ceiling(wd.data_ptr(), wd.numel() * 2, 4 * sms, sink.data_ptr(),
+                                                   torch.cuda.current_stream().cuda_stream),
+    }
+    checks = {}
+    for cfg in CONFIGS:
+        run = stream(h, *cfg)
+        sink.zero_()
+        run()
+        torch.cuda.synchronize()
+        got, want = int(sink.item()) % (1 << 64), expected_sink(wd, h, cfg[0], cfg[2])
+        checks[name_of(*cfg)] = got == want
+        print(f"[check] {name_of(*cfg)}: {'ok' if got == want else 'WRONG'}", flush=True)
+        forms[name_of(*cfg)] = run
+
+    def gu():
+        fm.ops.gated_gemm_sm90(hbuf, x, wg, wu, None, None, None, act, 0)
+
+    forms["op"] = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")
+    forms["gu_bmm_only"] = lambda: (gu(), torch.bmm(hbb, wb, torch.float32, out=p))
+    for cfg in CONFIGS[:4]:
+        run_gu = stream(hbuf, *cfg)
+        forms["gu_" + name_of(*cfg)] = lambda run_gu=run_gu: (gu(), run_gu())
+    replays = {name: graphed(f) for name, f in forms.items()}
+    rows = []
+    for mode in ("fill", "read"):
+        for name, (us, rounds) in interleaved_us(replays, mode, args.reps, args.rounds).items():
+            rows.append({"m": m, "eviction": mode, "form": name, "us": us, "rounds_us": rounds,
+                         "check": checks.get(name)})
+            print(f"[stream] {mode:4s} {name:26s} {us:7.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds),
+                  flush=True)
+    write_report(args.out, rows, command=" ".join(sys.argv))
+
+
+if __name__ == "__main__":
+    main()
