@@ -448,3 +448,30 @@ def test_trace_events_reads_the_profiled_run_in_start_order():
     assert {e["cat"] for e in events} == {"user_annotation", "cpu_op"}  # no others (e.g. python_function)
     assert [e["name"] for e in events if e["cat"] == "user_annotation"] == ["first_range", "second_range"]
     assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
+
+
+@pytest.mark.parametrize("rb,parts,hmode", [(64, 2, 0), (64, 2, 1), (64, 2, 2), (128, 4, 1), (128, 4, 2), (64, 1, 1)])
+def test_down_stream_expected_sink_matches_a_walk_over_the_ctas(rb, parts, hmode):
+    """micro/down_stream.py checks the probe's landed bytes by a closed-form sum; here it is
+    compared with a walk over the probe's CTAs as the kernel assigns them (down_stream.cu's
+    coords: row block, K part; multicast pairs for h mode 2), each adding one word of its W_down
+    box and of h's box per K step."""
+    ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
+    n, k = 512, 1024
+    gen = torch.Generator().manual_seed(rb + parts + hmode)
+    wd = torch.randint(-2**15, 2**15, (n, k), generator=gen, dtype=torch.int16).view(torch.bfloat16)
+    h = torch.randint(-2**15, 2**15, (128, k), generator=gen, dtype=torch.int16).view(torch.bfloat16)
+    w32 = wd.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    h32 = h.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    ksteps, total = k // 64, 0
+    for b in range(n // rb * parts):
+        if hmode == 2:
+            rank, cl = b % 2, b // 2
+            part, rowblock = cl % parts, (cl // parts) * 2 + rank
+        else:
+            part, rowblock = b % parts, b // parts
+        for step in range(ksteps * part // parts, ksteps * (part + 1) // parts):
+            total += int(w32[rowblock * rb, step * 32])
+            if hmode:
+                total += int(h32[0, step * 32])
+    assert ds.expected_sink(wd, h, rb, hmode) == total % (1 << 64)

@@ -4,7 +4,7 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 host-overhead bench-mlp bench-decode bench-train
+#   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 micro-down host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo alloc-regime
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
@@ -111,6 +111,17 @@ if has micro-sm90; then
   step "micro-sm90 ${MICRO_SM90_ARGS:-}"
   $PY benchmarks/micro/sm90_gate_up.py --out "$OUT/sm90_gate_up_h200.json" ${MICRO_SM90_ARGS:-} > "$OUT/sm90_gate_up_h200.txt" 2>&1
   grep -E "^\[sm90\] (checks|[a-z_0-9]+: )|FAIL|Traceback|Error" "$OUT/sm90_gate_up_h200.txt" | tail -20 | tee -a "$LOG"
+fi
+if has micro-down; then
+  # Session 48's probe: a one-kernel down GEMM's memory side and the GEMM itself at M 128
+  # (benchmarks/micro/down_stream.cu) beside cuBLAS; needs a staged build (stage or build).
+  step micro-down
+  mkdir -p "$ROOT/.probe"
+  "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
+    -Ikernel_src/common -Ikernel_src/cuda -Ibenchmarks/micro -Xcompiler -fPIC -shared \
+    -o "$ROOT/.probe/libdown_stream.so" benchmarks/micro/down_stream.cu 2>&1 | grep -E "error" | tee -a "$LOG"
+  $PY benchmarks/micro/down_stream.py --out "$OUT/down_stream_h200.json" > "$OUT/down_stream_h200.txt" 2>&1
+  grep -E "^\[(check|gemm check|occupancy|stream)\]|Traceback|Error" "$OUT/down_stream_h200.txt" | tail -70 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead

@@ -16,9 +16,9 @@
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared \
 //        -o .probe/libdown_stream.so benchmarks/micro/down_stream.cu
 //   (driven by benchmarks/micro/down_stream.py)
-#include <cuda.h>
+#include "gated_gemm_sm90_kernel.cuh"
+
 #include <cudaTypedefs.h>
-#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +27,8 @@
 #include "tma_encode.h"
 
 namespace {
+
+using namespace fused_mlp::sm90;
 
 struct Cfg {
   int rb;      // W_down rows per CTA (64 or 128)
@@ -37,37 +39,8 @@ struct Cfg {
   int n;       // W_down rows
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void bar_arrive_peer(uint64_t* bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void load2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
+#if defined(FUSED_MLP_SM90_DEVICE)
+// tma_load_multicast without an L2 cache policy.
 __device__ __forceinline__ void load2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
                                                  uint16_t mask) {
   asm volatile(
@@ -75,14 +48,6 @@ __device__ __forceinline__ void load2d_multicast(void* dst, const CUtensorMap* m
       "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(mask)
       : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
 }
 
 // Which row block and K part CTA b streams (the Python check mirrors it).
@@ -98,11 +63,13 @@ __device__ __forceinline__ void coords(const Cfg& c, int b, int& rowblock, int& 
     rowblock = b / c.parts;
   }
 }
+#endif
 
 __global__ void __launch_bounds__(64) down_stream_kernel(const __grid_constant__ CUtensorMap mw,
                                                          const __grid_constant__ CUtensorMap mh,
                                                          const __grid_constant__ CUtensorMap mh_half, Cfg c,
                                                          unsigned long long* sink) {
+#if defined(FUSED_MLP_SM90_DEVICE)
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t wbytes = uint32_t(c.rb) * 128, hbytes = c.hmode ? 128u * 128u : 0u;
   const uint32_t stage_bytes = wbytes + hbytes;
@@ -126,8 +93,8 @@ __global__ void __launch_bounds__(64) down_stream_kernel(const __grid_constant__
       if (i >= c.stages) bar_wait(&empty[s], ((i / c.stages) - 1) & 1);
       bar_expect_tx(&full[s], stage_bytes);
       uint8_t* st = smem + size_t(s) * stage_bytes;
-      for (int r = 0; r < c.rb; r += 64) load2d(st + r * 128, &mw, &full[s], k, rowblock * c.rb + r);
-      if (c.hmode == 1) load2d(st + wbytes, &mh, &full[s], k, 0);
+      for (int r = 0; r < c.rb; r += 64) tma_load(st + r * 128, &mw, &full[s], k, rowblock * c.rb + r, 0);
+      if (c.hmode == 1) tma_load(st + wbytes, &mh, &full[s], k, 0, 0);
       if (c.hmode == 2) load2d_multicast(st + wbytes + rank * 8192, &mh_half, &full[s], k, rank * 64, 0x3);
     }
   } else if (threadIdx.x == 32) {
@@ -139,12 +106,140 @@ __global__ void __launch_bounds__(64) down_stream_kernel(const __grid_constant__
       acc += *reinterpret_cast<const uint32_t*>(st);
       if (c.hmode) acc += *reinterpret_cast<const uint32_t*>(st + wbytes);
       bar_arrive(&empty[s]);
-      if (c.hmode == 2) bar_arrive_peer(&empty[s], rank ^ 1u);
+      if (c.hmode == 2) bar_arrive_cluster(&empty[s], rank ^ 1u);
     }
     atomicAdd(sink, acc);
   }
   __syncwarp();
   if (c.hmode == 2) cluster_sync();  // no CTA leaves while its peer may still write into it
+#endif
+}
+
+// The GEMM itself, y = h W^T (bf16, fp32 sums), for M <= 128 tokens, N a multiple of 64:
+// CTA pair (cluster of 2) r computes y[:, 64 r, 64 r + 64), rank p over K steps
+// [ksteps p / 2, ksteps (p + 1) / 2). Warps 0-3 (one MMA warp group): per K step four wgmma
+// m64n128k16 with W's 64 x 64 box as A and h's 128 x 64 box as B (the output tile transposed:
+// 64 W rows x 128 tokens, 64 fp32 registers a thread). Warp 4, lane 0: the TMA producer. After
+// the K loop each CTA hands the half of its partial tile it does not finish to its peer through
+// shared memory (DSMEM): rank 0 finishes tokens 0-63, rank 1 tokens 64-127, each as its own
+// partial plus the peer's (p0 + p1 either way round: the same bits), rounds once, and stores
+// through a staging tile in 16-byte pieces along y's rows. pdl: launched with a programmatic
+// edge; the producer loads the first ring's W boxes before griddepcontrol.wait (W is not the
+// previous kernel's output, h is).
+struct GemmCfg {
+  int M, N, K;
+  int64_t ldy;
+  int stages;
+  int pdl;
+};
+constexpr int kGemmThreads = 160;
+constexpr uint32_t kGemmW = 64 * 128, kGemmH = 128 * 128, kGemmStage = kGemmW + kGemmH;
+constexpr int kOutStride = 72;  // bf16 per staged row (64 + 8: rows 144 bytes apart, 16-byte aligned)
+
+#if defined(FUSED_MLP_SM90_DEVICE)
+// The K loop's end for the CTA that finishes the accumulator registers [Keep, Keep + 32) (tokens
+// [2 Keep, 2 Keep + 64)): hand the other 32 to the peer, add the peer's, round, stage, store.
+template <int Keep>
+__device__ __forceinline__ void gemm_finish(const float (&acc)[64], uint8_t* smem, const GemmCfg& c, __nv_bfloat16* y,
+                                            int n0, int tid) {
+  constexpr int kGive = 32 - Keep;
+  const int warp = tid / 32, lane = tid % 32;
+  float* xchg = reinterpret_cast<float*>(smem);  // [32 registers][128 threads]
+#pragma unroll
+  for (int j = 0; j < 32; ++j) xchg[j * 128 + tid] = acc[kGive + j];
+  cluster_sync();  // both halves handed over
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(xchg)), "r"(cluster_rank() ^ 1u));
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(smem + 32 * 128 * 4);  // [64 tokens][kOutStride]
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote + uint32_t(j * 128 + tid) * 4u) : "memory");
+    const int i = Keep + j;
+    const int token = 8 * (i / 4) + 2 * (lane % 4) + (i % 2) - 2 * Keep;  // 0 .. 63 within the half
+    const int row = warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
+    out[token * kOutStride + row] = __float2bfloat16_rn(acc[i] + v);
+  }
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int q = tid + 128 * u, t = q / 8, ch = q % 8, m = t + 2 * Keep;
+    if (m < c.M)
+      *reinterpret_cast<uint4*>(y + int64_t(m) * c.ldy + n0 + ch * 8) =
+          *reinterpret_cast<const uint4*>(out + t * kOutStride + ch * 8);
+  }
+}
+
+#endif
+
+__global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid_constant__ CUtensorMap mw,
+                                                                    const __grid_constant__ CUtensorMap mh, GemmCfg c,
+                                                                    __nv_bfloat16* y) {
+#if defined(FUSED_MLP_SM90_DEVICE)
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(c.stages) * kGemmStage);
+  uint64_t* empty = full + c.stages;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const uint32_t rank = cluster_rank();
+  const int n0 = (blockIdx.x / 2) * 64;
+  const int ksteps = (c.K + 63) / 64, kb0 = ksteps * int(rank) / 2, steps = ksteps * (int(rank) + 1) / 2 - kb0;
+  if (tid == 0) {
+    for (int s = 0; s < c.stages; ++s) {
+      bar_init(&full[s], 1);
+      bar_init(&empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == 4) {
+    if (lane == 0) {
+      const int pre = c.pdl ? (steps < c.stages ? steps : c.stages) : 0;
+      for (int i = 0; i < pre; ++i) {
+        bar_expect_tx(&full[i], kGemmStage);
+        tma_load(smem + size_t(i) * kGemmStage, &mw, &full[i], (kb0 + i) * 64, n0, 0);
+      }
+      if (c.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+      for (int i = 0; i < pre; ++i) tma_load(smem + size_t(i) * kGemmStage + kGemmW, &mh, &full[i], (kb0 + i) * 64, 0, 0);
+      for (int i = pre; i < steps; ++i) {
+        const int s = i % c.stages, k = (kb0 + i) * 64;
+        if (i >= c.stages) bar_wait(&empty[s], ((i / c.stages) - 1) & 1);
+        bar_expect_tx(&full[s], kGemmStage);
+        uint8_t* st = smem + size_t(s) * kGemmStage;
+        tma_load(st, &mw, &full[s], k, n0, 0);
+        tma_load(st + kGemmW, &mh, &full[s], k, 0, 0);
+      }
+    }
+    __syncwarp();
+    cluster_sync();  // the producer's part in the hand-off's cluster barrier
+  } else {
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < steps; ++i) {
+      const int s = i % c.stages;
+      bar_wait(&full[s], (i / c.stages) & 1);
+      const uint8_t* st = smem + size_t(s) * kGemmStage;
+      const uint64_t da = smem_desc(st), db = smem_desc(st + kGemmW);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) mma<__nv_bfloat16, 128, false>(acc, da + 2 * kk, db + 2 * kk, 1u);
+      wgmma_commit();
+      fence_regs(acc);
+      wgmma_wait<1>();
+      if (i > 0 && tid == 0) bar_arrive(&empty[(i - 1) % c.stages]);
+    }
+    wgmma_wait<0>();
+    fence_regs(acc);
+    // The ring is idle (every stage landed and was read): the hand-off goes over it.
+    asm volatile("bar.sync 1, 128;\nfence.proxy.async.shared::cta;" ::: "memory");
+    if (rank == 0) {
+      gemm_finish<0>(acc, smem, c, y, n0, tid);
+    } else {
+      gemm_finish<32>(acc, smem, c, y, n0, tid);
+    }
+  }
+  cluster_sync();  // no CTA leaves while its peer may still read its hand-off
+#endif
 }
 
 // The ceiling: W_down's bytes read once with 16-byte loads, grid-stride.
@@ -206,6 +301,33 @@ extern "C" int down_stream_launch(void* w, void* h, int n, int k, int rb, int pa
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   CK(cudaLaunchKernelEx(&cfg, down_stream_kernel, mw, mh, mh_half, c, sink));
+  return 0;
+}
+
+// y [M, n] (row stride ldy) = h [M, k] w [n, k]^T, bf16; M <= 128, n a multiple of 64, k a
+// multiple of 8 (two K parts of at least one step each). Returns 0, or -1 for what it does not take.
+extern "C" int down_gemm_launch(void* w, void* h, void* y, int m, int n, int k, int64_t ldy, int stages, int pdl,
+                                cudaStream_t stream) {
+  if (m < 1 || m > 128 || n % 64 || k % 8 || k < 128 || stages < 2 || stages > 9) return -1;
+  const CUtensorMap mw = map2d(w, k, n, 64), mh = map2d(h, k, m, 128);
+  const GemmCfg c{m, n, k, ldy, stages, pdl};
+  const int smem = stages * int(kGemmStage) + 16 * stages;
+  CK(cudaFuncSetAttribute(down_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(n / 64 * 2));
+  cfg.blockDim = dim3(kGemmThreads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  CK(cudaLaunchKernelEx(&cfg, down_gemm_kernel, mw, mh, c, static_cast<__nv_bfloat16*>(y)));
   return 0;
 }
 

@@ -13,12 +13,18 @@ reduce), beside what the op runs today, in one process:
   s_rbR_pP_hH_sS   the probe: R W_down rows per CTA, P K parts, h by each CTA (H=1), by CTA pairs
                    with multicast (H=2) or not at all (H=0), S ring stages
   op               fused_mlp.gated_mlp (our gate/up kernel, then the split down projection)
+  g_sS[_pdl]       the GEMM on that ring (rb 64, 2 K parts in a cluster of 2, h per CTA, S
+                   stages; one MMA warp group, the two partial tiles summed through DSMEM), with
+                   a programmatic edge from the kernel before it (_pdl: W's first boxes load
+                   before griddepcontrol.wait)
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
 
 Each form is a CUDA graph, timed by events around replays, interleaved, L2 evicted by a 256 MiB
 fill and by a read (_common.interleaved_us). Each probe form's landed bytes are checked once (a
-sum of one word per box, against the same words summed here).
+sum of one word per box, against the same words summed here); the GEMM's output, poisoned
+before each check, against fp64 on several shapes (odd M, K and N included) and run twice for
+the same bits.
 
     python3 benchmarks/micro/down_stream.py [--lib .probe/libdown_stream.so] [--out F]
 """
@@ -35,7 +41,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import graphed, interleaved_us, local_package, swiglu_operands, write_report  # noqa: E402
+from _common import graphed, interleaved_us, local_package, rel_err, swiglu_operands, write_report  # noqa: E402
 
 CONFIGS = [  # (rows per CTA, K parts, h mode, stages)
     (64, 2, 0, 8),
@@ -75,6 +81,37 @@ def main() -> None:
     lib.down_stream_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 6 + [ctypes.c_void_p] * 2
     lib.down_stream_ceiling.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.down_stream_max_clusters.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.down_gemm_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_int64]
+                                     + [ctypes.c_int] * 2 + [ctypes.c_void_p])
+
+    def gemm(hh, w, y, stages, pdl):
+        def run():
+            rc = lib.down_gemm_launch(w.data_ptr(), hh.data_ptr(), y.data_ptr(), hh.shape[0], w.shape[0],
+                                      hh.shape[1], y.stride(0), stages, int(pdl), torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}")
+        return run
+
+    errors = {}
+    for mm, nn, kk in ((128, 4096, 14336), (1, 4096, 14336), (77, 1024, 3000), (128, 192, 256), (100, 320, 1000)):
+        gen = torch.Generator(device="cuda").manual_seed(mm * 7 + nn + kk)
+        hh = torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(nn, kk, device="cuda", dtype=torch.bfloat16, generator=gen) * kk**-0.5
+        exact = hh.double() @ w.double().t()
+        base = rel_err(F.linear(hh, w), exact)
+        outs = []
+        for _ in range(2):
+            y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm(hh, w, y, 8, False)()
+            torch.cuda.synchronize()
+            outs.append(y)
+        err = rel_err(outs[0], exact)
+        errors[(mm, nn, kk)] = err
+        ok = bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and torch.equal(outs[0], outs[1])
+        print(f"[gemm check] M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} (F.linear {base:.2e}), "
+              f"same bits twice {torch.equal(outs[0], outs[1])}: {'ok' if ok else 'WRONG'}", flush=True)
+        if not ok:
+            raise SystemExit("the GEMM form is wrong; no timing")
     (fm,) = local_package()
     act = fm.activations.ACTIVATION_IDS["silu"]
     m = 128
@@ -118,6 +155,11 @@ def main() -> None:
         print(f"[check] {name_of(*cfg)}: {'ok' if got == want else 'WRONG'}", flush=True)
         forms[name_of(*cfg)] = run
 
+    yg = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    for stages in (6, 8):
+        forms[f"g_s{stages}"] = gemm(h, wd, yg, stages, False)
+    forms["g_s8_pdl"] = gemm(h, wd, yg, 8, True)
+
     def gu():
         fm.ops.gated_gemm_sm90(hbuf, x, wg, wu, None, None, None, act, 0)
 
@@ -126,7 +168,20 @@ def main() -> None:
     for cfg in CONFIGS[:4]:
         run_gu = stream(hbuf, *cfg)
         forms["gu_" + name_of(*cfg)] = lambda run_gu=run_gu: (gu(), run_gu())
+    for stages, pdl in ((8, False), (8, True)):
+        run_g = gemm(hbuf, wd, yg, stages, pdl)
+        forms[f"gu_g_s{stages}" + ("_pdl" if pdl else "")] = lambda run_g=run_g: (gu(), run_g())
     replays = {name: graphed(f) for name, f in forms.items()}
+    # the GEMM after the gate/up kernel, in its graph, poisoned, against the op's output
+    for name in ("gu_g_s8", "gu_g_s8_pdl"):
+        yg.fill_(float("nan"))
+        replays[name]()
+        torch.cuda.synchronize()
+        ref = fm.gated_mlp(x, wg, wu, wd, "silu")
+        err = rel_err(yg, ref.double())
+        print(f"[gemm check] {name}: rel err vs the op's output {err:.2e}", flush=True)
+        if not bool(torch.isfinite(yg).all()) or err > 1e-2:
+            raise SystemExit(f"{name} is wrong; no timing")
     rows = []
     for mode in ("fill", "read"):
         for name, (us, rounds) in interleaved_us(replays, mode, args.reps, args.rounds).items():
@@ -134,7 +189,8 @@ def main() -> None:
                          "check": checks.get(name)})
             print(f"[stream] {mode:4s} {name:26s} {us:7.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds),
                   flush=True)
-    write_report(args.out, rows, command=" ".join(sys.argv))
+    write_report(args.out, rows, command=" ".join(sys.argv),
+                 gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}": e for (a, b, c), e in errors.items()})
 
 
 if __name__ == "__main__":
