@@ -120,7 +120,9 @@ if has micro-down; then
   "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
     -Ikernel_src/common -Ikernel_src/cuda -Ibenchmarks/micro -Xcompiler -fPIC -shared \
     -o "$ROOT/.probe/libdown_stream.so" benchmarks/micro/down_stream.cu 2>&1 | grep -E "error" | tee -a "$LOG"
-  $PY benchmarks/micro/down_stream.py --out "$OUT/down_stream_h200.json" > "$OUT/down_stream_h200.txt" 2>&1
+  # a bounded run: a cluster kernel that deadlocks would otherwise hold the whole call
+  timeout 300 $PY benchmarks/micro/down_stream.py --out "$OUT/down_stream_h200.json" > "$OUT/down_stream_h200.txt" 2>&1
+  echo "down_stream.py exit $?" | tee -a "$LOG"
   grep -E "^\[(check|gemm check|occupancy|stream)\]|Traceback|Error" "$OUT/down_stream_h200.txt" | tail -70 | tee -a "$LOG"
 fi
 if has host-overhead; then
