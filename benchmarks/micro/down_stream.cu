@@ -126,11 +126,18 @@ __global__ void __launch_bounds__(64) down_stream_kernel(const __grid_constant__
 // through a staging tile in 16-byte pieces along y's rows. pdl: launched with a programmatic
 // edge; the producer loads the first ring's W boxes before griddepcontrol.wait (W is not the
 // previous kernel's output, h is).
+// kMcast: the clusters pair adjacent row blocks of one K part instead (each CTA loads 64 of h's
+// 128 rows and multicasts them to both: h's L2 reads halved, as in cuBLAS's 1x2 clusters), so
+// the two K parts of a row block meet through global memory: each CTA writes its fp32 partial
+// tile to a workspace and counts itself in; the second to arrive adds the first one's tile,
+// rounds and stores all 128 tokens, and zeroes the count for the next launch.
 struct GemmCfg {
   int M, N, K;
   int64_t ldy;
   int stages;
   int pdl;
+  float* ws;     // kMcast: [N / 64][2 K parts][64 registers][128 threads] partial tiles
+  int* counts;   // kMcast: [N / 64] arrivals per row block, zero between launches
 };
 constexpr int kGemmThreads = 160;
 constexpr uint32_t kGemmW = 64 * 128, kGemmH = 128 * 128, kGemmStage = kGemmW + kGemmH;
@@ -170,8 +177,43 @@ __device__ __forceinline__ void gemm_finish(const float (&acc)[64], uint8_t* sme
   }
 }
 
+// kMcast's end: the partial tile through global memory (see GemmCfg); all 128 MMA threads.
+__device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8_t* smem, const GemmCfg& c,
+                                                   __nv_bfloat16* y, int rowblock, int part, int tid) {
+  __shared__ int arrived;
+  const int warp = tid / 32, lane = tid % 32, n0 = rowblock * 64;
+  float* mine = c.ws + (size_t(rowblock) * 2 + part) * (64 * 128);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) mine[i * 128 + tid] = acc[i];
+  __threadfence();
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  if (tid == 0) arrived = atomicAdd(c.counts + rowblock, 1);
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  if (arrived == 0) return;  // the peer part finishes the tile
+  __threadfence();
+  const float* other = c.ws + (size_t(rowblock) * 2 + (part ^ 1)) * (64 * 128);
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(smem);  // [128 tokens][kOutStride], over the idle ring
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const float v = __ldcg(other + i * 128 + tid);
+    const int token = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
+    const int row = warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
+    out[token * kOutStride + row] = __float2bfloat16_rn(acc[i] + v);
+  }
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int q = tid + 128 * u, t = q / 8, ch = q % 8;
+    if (t < c.M)
+      *reinterpret_cast<uint4*>(y + int64_t(t) * c.ldy + n0 + ch * 8) =
+          *reinterpret_cast<const uint4*>(out + t * kOutStride + ch * 8);
+  }
+  if (tid == 0) c.counts[rowblock] = 0;
+}
+
 #endif
 
+template <bool kMcast>
 __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid_constant__ CUtensorMap mw,
                                                                     const __grid_constant__ CUtensorMap mh, GemmCfg c,
                                                                     __nv_bfloat16* y) {
@@ -181,16 +223,21 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
   uint64_t* empty = full + c.stages;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint32_t rank = cluster_rank();
-  const int n0 = (blockIdx.x / 2) * 64;
-  const int ksteps = (c.K + 63) / 64, kb0 = ksteps * int(rank) / 2, steps = ksteps * (int(rank) + 1) / 2 - kb0;
+  // kMcast: cluster = (row block pair, K part), rank = which row block; else cluster = row
+  // block, rank = K part.
+  const int part = kMcast ? int(blockIdx.x / 2) % 2 : int(rank);
+  const int rowblock = kMcast ? int(blockIdx.x / 4) * 2 + int(rank) : int(blockIdx.x / 2);
+  const int n0 = rowblock * 64;
+  const int ksteps = (c.K + 63) / 64, kb0 = ksteps * part / 2, steps = ksteps * (part + 1) / 2 - kb0;
   if (tid == 0) {
     for (int s = 0; s < c.stages; ++s) {
       bar_init(&full[s], 1);
-      bar_init(&empty[s], 1);
+      bar_init(&empty[s], kMcast ? 2 : 1);  // kMcast: both CTAs' MMA groups free a stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  if constexpr (kMcast) cluster_sync();  // the peer's barriers exist before anything lands there
   if (warp == 4) {
     if (lane == 0) {
       const int pre = c.pdl ? (steps < c.stages ? steps : c.stages) : 0;
@@ -199,18 +246,26 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
         tma_load(smem + size_t(i) * kGemmStage, &mw, &full[i], (kb0 + i) * 64, n0, 0);
       }
       if (c.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-      for (int i = 0; i < pre; ++i) tma_load(smem + size_t(i) * kGemmStage + kGemmW, &mh, &full[i], (kb0 + i) * 64, 0, 0);
+      // h's box of step i into stage s: by itself, or (kMcast) its half `rank` to both CTAs
+      auto load_h = [&](uint8_t* st, uint64_t* bar, int k) {
+        if constexpr (kMcast) {
+          load2d_multicast(st + kGemmW + rank * 8192u, &mh, bar, k, int(rank) * 64, 0x3);
+        } else {
+          tma_load(st + kGemmW, &mh, bar, k, 0, 0);
+        }
+      };
+      for (int i = 0; i < pre; ++i) load_h(smem + size_t(i) * kGemmStage, &full[i], (kb0 + i) * 64);
       for (int i = pre; i < steps; ++i) {
         const int s = i % c.stages, k = (kb0 + i) * 64;
         if (i >= c.stages) bar_wait(&empty[s], ((i / c.stages) - 1) & 1);
         bar_expect_tx(&full[s], kGemmStage);
         uint8_t* st = smem + size_t(s) * kGemmStage;
         tma_load(st, &mw, &full[s], k, n0, 0);
-        tma_load(st + kGemmW, &mh, &full[s], k, 0, 0);
+        load_h(st, &full[s], k);
       }
     }
     __syncwarp();
-    cluster_sync();  // the producer's part in the hand-off's cluster barrier
+    if constexpr (!kMcast) cluster_sync();  // the producer's part in the hand-off's cluster barrier
   } else {
     float acc[64];
 #pragma unroll
@@ -226,19 +281,25 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
       wgmma_commit();
       fence_regs(acc);
       wgmma_wait<1>();
-      if (i > 0 && tid == 0) bar_arrive(&empty[(i - 1) % c.stages]);
+      if (i > 0 && tid == 0) {
+        bar_arrive(&empty[(i - 1) % c.stages]);
+        if constexpr (kMcast) bar_arrive_cluster(&empty[(i - 1) % c.stages], rank ^ 1u);
+      }
     }
     wgmma_wait<0>();
     fence_regs(acc);
     // The ring is idle (every stage landed and was read): the hand-off goes over it.
     asm volatile("bar.sync 1, 128;\nfence.proxy.async.shared::cta;" ::: "memory");
-    if (rank == 0) {
+    if constexpr (kMcast) {
+      gemm_finish_global(acc, smem, c, y, rowblock, part, tid);
+    } else if (rank == 0) {
       gemm_finish<0>(acc, smem, c, y, n0, tid);
     } else {
       gemm_finish<32>(acc, smem, c, y, n0, tid);
     }
   }
-  cluster_sync();  // no CTA leaves while its peer may still read its hand-off
+  __syncwarp();
+  cluster_sync();  // no CTA leaves while its peer may still read its hand-off (or, kMcast, write into it)
 #endif
 }
 
@@ -304,15 +365,19 @@ extern "C" int down_stream_launch(void* w, void* h, int n, int k, int rb, int pa
   return 0;
 }
 
-// y [M, n] (row stride ldy) = h [M, k] w [n, k]^T, bf16; M <= 128, n a multiple of 64, k a
-// multiple of 8 (two K parts of at least one step each). Returns 0, or -1 for what it does not take.
+// y [M, n] (row stride ldy) = h [M, k] w [n, k]^T, bf16; M <= 128, n a multiple of 64 (128
+// for the multicast form), k a multiple of 8 (two K parts of at least one step each). Returns 0, or -1 for what it does not take.
+// ws / counts: the multicast form's workspace (GemmCfg; counts zeroed once by the caller), else null.
 extern "C" int down_gemm_launch(void* w, void* h, void* y, int m, int n, int k, int64_t ldy, int stages, int pdl,
-                                cudaStream_t stream) {
-  if (m < 1 || m > 128 || n % 64 || k % 8 || k < 128 || stages < 2 || stages > 9) return -1;
-  const CUtensorMap mw = map2d(w, k, n, 64), mh = map2d(h, k, m, 128);
-  const GemmCfg c{m, n, k, ldy, stages, pdl};
+                                float* ws, int* counts, cudaStream_t stream) {
+  const bool mcast = ws != nullptr;
+  if (m < 1 || m > 128 || n % (mcast ? 128 : 64) || k % 8 || k < 128 || stages < 2 || stages > 9) return -1;
+  if (mcast && counts == nullptr) return -1;
+  const CUtensorMap mw = map2d(w, k, n, 64), mh = map2d(h, k, m, mcast ? 64 : 128);
+  const GemmCfg c{m, n, k, ldy, stages, pdl, ws, counts};
   const int smem = stages * int(kGemmStage) + 16 * stages;
-  CK(cudaFuncSetAttribute(down_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  auto kernel = mcast ? down_gemm_kernel<true> : down_gemm_kernel<false>;
+  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(n / 64 * 2));
   cfg.blockDim = dim3(kGemmThreads);
@@ -327,7 +392,7 @@ extern "C" int down_gemm_launch(void* w, void* h, void* y, int m, int n, int k, 
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 2 : 1;
-  CK(cudaLaunchKernelEx(&cfg, down_gemm_kernel, mw, mh, c, static_cast<__nv_bfloat16*>(y)));
+  CK(cudaLaunchKernelEx(&cfg, kernel, mw, mh, c, static_cast<__nv_bfloat16*>(y)));
   return 0;
 }
 

@@ -13,10 +13,11 @@ reduce), beside what the op runs today, in one process:
   s_rbR_pP_hH_sS   the probe: R W_down rows per CTA, P K parts, h by each CTA (H=1), by CTA pairs
                    with multicast (H=2) or not at all (H=0), S ring stages
   op               fused_mlp.gated_mlp (our gate/up kernel, then the split down projection)
-  g_sS[_pdl]       the GEMM on that ring (rb 64, 2 K parts in a cluster of 2, h per CTA, S
+  g[m]_sS[_pdl]    the GEMM on that ring (rb 64, 2 K parts in a cluster of 2, h per CTA, S
                    stages; one MMA warp group, the two partial tiles summed through DSMEM), with
                    a programmatic edge from the kernel before it (_pdl: W's first boxes load
-                   before griddepcontrol.wait)
+                   before griddepcontrol.wait); gm: CTA pairs of adjacent row blocks multicast h
+                   instead, and the two K parts meet through a global workspace
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
 
@@ -82,18 +83,25 @@ def main() -> None:
     lib.down_stream_ceiling.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.down_stream_max_clusters.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.down_gemm_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_int64]
-                                     + [ctypes.c_int] * 2 + [ctypes.c_void_p])
+                                     + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3)
+    # the multicast form's workspace: partial tiles and arrival counts (zero between launches)
+    ws = torch.empty(4096 // 64 * 2 * 64 * 128, device="cuda", dtype=torch.float32)
+    counts = torch.zeros(4096 // 64, device="cuda", dtype=torch.int32)
 
-    def gemm(hh, w, y, stages, pdl):
+    def gemm(hh, w, y, stages, pdl, mcast=False):
         def run():
             rc = lib.down_gemm_launch(w.data_ptr(), hh.data_ptr(), y.data_ptr(), hh.shape[0], w.shape[0],
-                                      hh.shape[1], y.stride(0), stages, int(pdl), torch.cuda.current_stream().cuda_stream)
+                                      hh.shape[1], y.stride(0), stages, int(pdl), ws.data_ptr() if mcast else None,
+                                      counts.data_ptr() if mcast else None, torch.cuda.current_stream().cuda_stream)
             if rc != 0:
-                raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}")
+                raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}, mcast {mcast}")
         return run
 
     errors = {}
-    for mm, nn, kk in ((128, 4096, 14336), (1, 4096, 14336), (77, 1024, 3000), (128, 192, 256), (100, 320, 1000)):
+    shapes = ((128, 4096, 14336), (1, 4096, 14336), (77, 1024, 3000), (128, 192, 256), (100, 384, 1000), (65, 256, 512))
+    for (mm, nn, kk), mcast in [(sh, mc) for sh in shapes for mc in (False, True)]:
+        if mcast and nn % 128:
+            continue
         gen = torch.Generator(device="cuda").manual_seed(mm * 7 + nn + kk)
         hh = torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16, generator=gen)
         w = torch.randn(nn, kk, device="cuda", dtype=torch.bfloat16, generator=gen) * kk**-0.5
@@ -102,16 +110,18 @@ def main() -> None:
         outs = []
         for _ in range(2):
             y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-            gemm(hh, w, y, 8, False)()
+            gemm(hh, w, y, 8, False, mcast)()
             torch.cuda.synchronize()
             outs.append(y)
         err = rel_err(outs[0], exact)
-        errors[(mm, nn, kk)] = err
-        ok = bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and torch.equal(outs[0], outs[1])
-        print(f"[gemm check] M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} (F.linear {base:.2e}), "
-              f"same bits twice {torch.equal(outs[0], outs[1])}: {'ok' if ok else 'WRONG'}", flush=True)
+        errors[(mm, nn, kk, mcast)] = err
+        ok = (bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and torch.equal(outs[0], outs[1])
+              and not bool(counts.any()))
+        print(f"[gemm check] {'multicast ' if mcast else ''}M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} "
+              f"(F.linear {base:.2e}), same bits twice {torch.equal(outs[0], outs[1])}, counts back to zero "
+              f"{not bool(counts.any())}: {'ok' if ok else 'WRONG'}", flush=True)
         if not ok:
-            raise SystemExit("the GEMM form is wrong; no timing")
+            raise SystemExit("a GEMM form is wrong; no timing")
     (fm,) = local_package()
     act = fm.activations.ACTIVATION_IDS["silu"]
     m = 128
@@ -159,6 +169,8 @@ def main() -> None:
     for stages in (6, 8):
         forms[f"g_s{stages}"] = gemm(h, wd, yg, stages, False)
     forms["g_s8_pdl"] = gemm(h, wd, yg, 8, True)
+    forms["gm_s8"] = gemm(h, wd, yg, 8, False, mcast=True)
+    forms["gm_s8_pdl"] = gemm(h, wd, yg, 8, True, mcast=True)
 
     def gu():
         fm.ops.gated_gemm_sm90(hbuf, x, wg, wu, None, None, None, act, 0)
@@ -168,12 +180,12 @@ def main() -> None:
     for cfg in CONFIGS[:4]:
         run_gu = stream(hbuf, *cfg)
         forms["gu_" + name_of(*cfg)] = lambda run_gu=run_gu: (gu(), run_gu())
-    for stages, pdl in ((8, False), (8, True)):
-        run_g = gemm(hbuf, wd, yg, stages, pdl)
-        forms[f"gu_g_s{stages}" + ("_pdl" if pdl else "")] = lambda run_g=run_g: (gu(), run_g())
+    for stages, pdl, mcast in ((8, False, False), (8, True, False), (8, False, True), (8, True, True)):
+        run_g = gemm(hbuf, wd, yg, stages, pdl, mcast)
+        forms[f"gu_g{'m' if mcast else ''}_s{stages}" + ("_pdl" if pdl else "")] = lambda run_g=run_g: (gu(), run_g())
     replays = {name: graphed(f) for name, f in forms.items()}
     # the GEMM after the gate/up kernel, in its graph, poisoned, against the op's output
-    for name in ("gu_g_s8", "gu_g_s8_pdl"):
+    for name in ("gu_g_s8", "gu_g_s8_pdl", "gu_gm_s8", "gu_gm_s8_pdl"):
         yg.fill_(float("nan"))
         replays[name]()
         torch.cuda.synchronize()
@@ -190,7 +202,8 @@ def main() -> None:
             print(f"[stream] {mode:4s} {name:26s} {us:7.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds),
                   flush=True)
     write_report(args.out, rows, command=" ".join(sys.argv),
-                 gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}": e for (a, b, c), e in errors.items()})
+                 gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}" + ("_mcast" if mc else ""): e
+                                       for (a, b, c, mc), e in errors.items()})
 
 
 if __name__ == "__main__":
