@@ -89,6 +89,9 @@ def main() -> None:
     counts = torch.zeros(4096 // 64, device="cuda", dtype=torch.int32)
 
     def gemm(hh, w, y, stages, pdl, mcast=False):
+        if mcast and w.shape[0] > 4096:
+            raise ValueError(f"the multicast form's workspace holds N <= 4096, got {w.shape[0]}")
+
         def run():
             rc = lib.down_gemm_launch(w.data_ptr(), hh.data_ptr(), y.data_ptr(), hh.shape[0], w.shape[0],
                                       hh.shape[1], y.stride(0), stages, int(pdl), ws.data_ptr() if mcast else None,
