@@ -12,10 +12,15 @@
 // adjacent row blocks form a cluster of 2, each loading 64 of h's rows and multicasting them
 // to both). A consumer thread releases each stage as soon as it lands and sums one word of
 // each box into `sink` (the Python side checks it).
+// The GEMM itself is here too (down_gemm_kernel, below: the same ring with wgmma and the two
+// K parts reduced in the kernel, in two forms), so that one device call answers both questions.
+// Device helpers (TMA, mbarriers, wgmma) come from the package's gated_gemm_sm90_kernel.cuh.
 //
-//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -shared \
+//   bash tools/gpu_session.sh stage micro-down    (on the device: builds this, then runs
+//                                                  benchmarks/micro/down_stream.py)
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
+//        -Ikernel_src/common -Ikernel_src/cuda -Ibenchmarks/micro -Xcompiler -fPIC -shared \
 //        -o .probe/libdown_stream.so benchmarks/micro/down_stream.cu
-//   (driven by benchmarks/micro/down_stream.py)
 #include "gated_gemm_sm90_kernel.cuh"
 
 #include <cudaTypedefs.h>
@@ -36,7 +41,6 @@ struct Cfg {
   int hmode;   // 0: no h; 1: each CTA loads h; 2: CTA pairs multicast h
   int stages;  // ring stages
   int ksteps;  // K / 64
-  int n;       // W_down rows
 };
 
 #if defined(FUSED_MLP_SM90_DEVICE)
@@ -346,7 +350,7 @@ extern "C" int down_stream_launch(void* w, void* h, int n, int k, int rb, int pa
                                   unsigned long long* sink, cudaStream_t stream) {
   if ((rb != 64 && rb != 128) || n % (rb * (hmode == 2 ? 2 : 1)) || k % 64 || hmode < 0 || hmode > 2) return -1;
   const CUtensorMap mw = map2d(w, k, n, 64), mh = map2d(h, k, 128, 128), mh_half = map2d(h, k, 128, 64);
-  const Cfg c{rb, parts, hmode, stages, k / 64, n};
+  const Cfg c{rb, parts, hmode, stages, k / 64};
   const int smem = stages * (rb * 128 + (hmode ? 128 * 128 : 0)) + 16 * stages;
   CK(cudaFuncSetAttribute(down_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
