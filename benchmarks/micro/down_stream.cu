@@ -130,27 +130,37 @@ __global__ void __launch_bounds__(64) down_stream_kernel(const __grid_constant__
 // through a staging tile in 16-byte pieces along y's rows. pdl: launched with a programmatic
 // edge; the producer loads the first ring's W boxes before griddepcontrol.wait (W is not the
 // previous kernel's output, h is).
-// kMcast: the clusters pair adjacent row blocks of one K part instead (each CTA loads 64 of h's
-// 128 rows and multicasts them to both: h's L2 reads halved, as in cuBLAS's 1x2 clusters), so
-// the two K parts of a row block meet through global memory: each CTA writes its fp32 partial
-// tile to a workspace and counts itself in; the second to arrive adds the first one's tile,
-// rounds and stores all 128 tokens, and zeroes the count for the next launch.
+// Three forms (kMode):
+//   kPair   the above: cluster = one row block's two K parts.
+//   kGlobal the clusters pair adjacent row blocks of one K part instead (each CTA loads 64 of
+//           h's 128 rows and multicasts them to both: h's L2 reads halved, as in cuBLAS's 1x2
+//           clusters), so the two K parts of a row block meet through global memory: each CTA
+//           writes its fp32 partial tile to a workspace and counts itself in; the second to
+//           arrive adds the first one's tile, rounds and stores all 128 tokens, and zeroes the
+//           count for the next launch.
+//   kQuad   both in a cluster of 4 (session 49): rank r = 2 part + (r % 2), row block 2 c + r % 2;
+//           CTAs r and r ^ 1 (one K part, adjacent row blocks) multicast h's halves to each
+//           other, CTAs r and r ^ 2 (one row block, the two K parts) add their partial tiles
+//           through DSMEM as kPair does. No workspace; 32 clusters of 4 must be resident at
+//           once for N 4096 to be one wave.
 struct GemmCfg {
   int M, N, K;
   int64_t ldy;
   int stages;
   int pdl;
-  float* ws;     // kMcast: [N / 64][2 K parts][64 registers][128 threads] partial tiles
-  int* counts;   // kMcast: [N / 64] arrivals per row block, zero between launches
+  float* ws;     // kGlobal: [N / 64][2 K parts][64 registers][128 threads] partial tiles
+  int* counts;   // kGlobal: [N / 64] arrivals per row block, zero between launches
 };
 constexpr int kGemmThreads = 160;
 constexpr uint32_t kGemmW = 64 * 128, kGemmH = 128 * 128, kGemmStage = kGemmW + kGemmH;
 constexpr int kOutStride = 72;  // bf16 per staged row (64 + 8: rows 144 bytes apart, 16-byte aligned)
+enum GemmMode { kPair = 0, kGlobal = 1, kQuad = 2 };  // see above
 
 #if defined(FUSED_MLP_SM90_DEVICE)
 // The K loop's end for the CTA that finishes the accumulator registers [Keep, Keep + 32) (tokens
-// [2 Keep, 2 Keep + 64)): hand the other 32 to the peer, add the peer's, round, stage, store.
-template <int Keep>
+// [2 Keep, 2 Keep + 64)): hand the other 32 to the peer (cluster rank ^ PeerXor, the CTA of the
+// other K part), add the peer's, round, stage, store.
+template <int Keep, unsigned PeerXor>
 __device__ __forceinline__ void gemm_finish(const float (&acc)[64], uint8_t* smem, const GemmCfg& c, __nv_bfloat16* y,
                                             int n0, int tid) {
   constexpr int kGive = 32 - Keep;
@@ -160,7 +170,7 @@ __device__ __forceinline__ void gemm_finish(const float (&acc)[64], uint8_t* sme
   for (int j = 0; j < 32; ++j) xchg[j * 128 + tid] = acc[kGive + j];
   cluster_sync();  // both halves handed over
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(xchg)), "r"(cluster_rank() ^ 1u));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(xchg)), "r"(cluster_rank() ^ PeerXor));
   __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(smem + 32 * 128 * 4);  // [64 tokens][kOutStride]
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
@@ -181,7 +191,7 @@ __device__ __forceinline__ void gemm_finish(const float (&acc)[64], uint8_t* sme
   }
 }
 
-// kMcast's end: the partial tile through global memory (see GemmCfg); all 128 MMA threads.
+// kGlobal's end: the partial tile through global memory (see GemmCfg); all 128 MMA threads.
 __device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8_t* smem, const GemmCfg& c,
                                                    __nv_bfloat16* y, int rowblock, int part, int tid) {
   __shared__ int arrived;
@@ -217,7 +227,7 @@ __device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8
 
 #endif
 
-template <bool kMcast>
+template <int kMode>
 __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid_constant__ CUtensorMap mw,
                                                                     const __grid_constant__ CUtensorMap mh, GemmCfg c,
                                                                     __nv_bfloat16* y) {
@@ -227,10 +237,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
   uint64_t* empty = full + c.stages;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const uint32_t rank = cluster_rank();
-  // kMcast: cluster = (row block pair, K part), rank = which row block; else cluster = row
-  // block, rank = K part.
-  const int part = kMcast ? int(blockIdx.x / 2) % 2 : int(rank);
-  const int rowblock = kMcast ? int(blockIdx.x / 4) * 2 + int(rank) : int(blockIdx.x / 2);
+  // kPair: cluster = row block, rank = K part. kGlobal: cluster = (row block pair, K part),
+  // rank = which row block. kQuad: cluster = row block pair, rank = 2 K part + which row block.
+  constexpr bool kMcast = kMode != kPair;  // h's halves multicast between ranks r and r ^ 1
+  const int part = kMode == kPair ? int(rank) : kMode == kGlobal ? int(blockIdx.x / 2) % 2 : int(rank / 2);
+  const int rowblock = kMode == kPair ? int(blockIdx.x / 2) : int(blockIdx.x / 4) * 2 + int(rank % 2);
+  const uint32_t half = rank % 2;                                // kMcast: the half of h this CTA loads
+  const uint16_t pair_mask = uint16_t(0x3u << (rank & ~1u));     // kMcast: ranks r and r ^ 1
   const int n0 = rowblock * 64;
   const int ksteps = (c.K + 63) / 64, kb0 = ksteps * part / 2, steps = ksteps * (part + 1) / 2 - kb0;
   if (tid == 0) {
@@ -250,10 +263,10 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
         tma_load(smem + size_t(i) * kGemmStage, &mw, &full[i], (kb0 + i) * 64, n0, 0);
       }
       if (c.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-      // h's box of step i into stage s: by itself, or (kMcast) its half `rank` to both CTAs
+      // h's box of step i into stage s: by itself, or (kMcast) its half to both CTAs of the pair
       auto load_h = [&](uint8_t* st, uint64_t* bar, int k) {
         if constexpr (kMcast) {
-          load2d_multicast(st + kGemmW + rank * 8192u, &mh, bar, k, int(rank) * 64, 0x3);
+          load2d_multicast(st + kGemmW + half * 8192u, &mh, bar, k, int(half) * 64, pair_mask);
         } else {
           tma_load(st + kGemmW, &mh, bar, k, 0, 0);
         }
@@ -269,7 +282,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
       }
     }
     __syncwarp();
-    if constexpr (!kMcast) cluster_sync();  // the producer's part in the hand-off's cluster barrier
+    if constexpr (kMode != kGlobal) cluster_sync();  // the producer's part in the hand-off's cluster barrier
   } else {
     float acc[64];
 #pragma unroll
@@ -294,12 +307,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
     fence_regs(acc);
     // The ring is idle (every stage landed and was read): the hand-off goes over it.
     asm volatile("bar.sync 1, 128;\nfence.proxy.async.shared::cta;" ::: "memory");
-    if constexpr (kMcast) {
+    constexpr unsigned kPeer = kMode == kQuad ? 2u : 1u;  // the other K part's rank
+    if constexpr (kMode == kGlobal) {
       gemm_finish_global(acc, smem, c, y, rowblock, part, tid);
-    } else if (rank == 0) {
-      gemm_finish<0>(acc, smem, c, y, n0, tid);
+    } else if (part == 0) {
+      gemm_finish<0, kPeer>(acc, smem, c, y, n0, tid);
     } else {
-      gemm_finish<32>(acc, smem, c, y, n0, tid);
+      gemm_finish<32, kPeer>(acc, smem, c, y, n0, tid);
     }
   }
   __syncwarp();
@@ -370,17 +384,19 @@ extern "C" int down_stream_launch(void* w, void* h, int n, int k, int rb, int pa
 }
 
 // y [M, n] (row stride ldy) = h [M, k] w [n, k]^T, bf16; M <= 128, n a multiple of 64 (128
-// for the multicast form), k a multiple of 8 (two K parts of at least one step each). Returns 0, or -1 for what it does not take.
-// ws / counts: the multicast form's workspace (GemmCfg; counts zeroed once by the caller), else null.
+// for the multicast forms), k a multiple of 8 (two K parts of at least one step each). mode: a
+// GemmMode. Returns 0, or -1 for what it does not take.
+// ws / counts: kGlobal's workspace (GemmCfg; counts zeroed once by the caller), else null.
 extern "C" int down_gemm_launch(void* w, void* h, void* y, int m, int n, int k, int64_t ldy, int stages, int pdl,
-                                float* ws, int* counts, cudaStream_t stream) {
-  const bool mcast = ws != nullptr;
+                                int mode, float* ws, int* counts, cudaStream_t stream) {
+  const bool mcast = mode != kPair;
   if (m < 1 || m > 128 || n % (mcast ? 128 : 64) || k % 8 || k < 128 || stages < 2 || stages > 9) return -1;
-  if (mcast && counts == nullptr) return -1;
+  if (mode < kPair || mode > kQuad || ((mode == kGlobal) != (ws != nullptr && counts != nullptr))) return -1;
   const CUtensorMap mw = map2d(w, k, n, 64), mh = map2d(h, k, m, mcast ? 64 : 128);
   const GemmCfg c{m, n, k, ldy, stages, pdl, ws, counts};
   const int smem = stages * int(kGemmStage) + 16 * stages;
-  auto kernel = mcast ? down_gemm_kernel<true> : down_gemm_kernel<false>;
+  auto kernel = mode == kPair ? down_gemm_kernel<kPair> : mode == kGlobal ? down_gemm_kernel<kGlobal>
+                                                                          : down_gemm_kernel<kQuad>;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(n / 64 * 2));
@@ -389,7 +405,7 @@ extern "C" int down_gemm_launch(void* w, void* h, void* y, int m, int n, int k, 
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.x = mode == kQuad ? 4 : 2;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
