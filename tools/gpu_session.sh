@@ -123,7 +123,7 @@ if has micro-down; then
   # a bounded run: a cluster kernel that deadlocks would otherwise hold the whole call
   timeout 300 $PY benchmarks/micro/down_stream.py --out "$OUT/down_stream_h200.json" > "$OUT/down_stream_h200.txt" 2>&1
   echo "down_stream.py exit $?" | tee -a "$LOG"
-  grep -E "^\[(check|gemm check|occupancy|stream)\]|Traceback|Error" "$OUT/down_stream_h200.txt" | tail -70 | tee -a "$LOG"
+  grep -E "^\[(check|gemm check|occupancy|stream|verdict)\]|Traceback|Error" "$OUT/down_stream_h200.txt" | tail -70 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead

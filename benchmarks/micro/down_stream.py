@@ -20,6 +20,13 @@ reduce), beside what the op runs today, in one process:
                    instead, and the two K parts meet through a global workspace
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
+  pkg, gu_pkg_pdl  the package's own down_gemm_sm90 (where the build has it: branch
+                   down-gemm-sm90), alone and after the gate/up kernel with its programmatic edge
+  op_split2        the op captured with FUSED_MLP_DOWN_SPLIT=2 (the split main's graphs pick at
+  op_kernel        M 128) and with =kernel (down_gemm_sm90): the A/B that decides the branch
+
+--verdict F reads a results file of this script and says (exit status 0 / 1) whether op_kernel
+beats op_split2 by at least --margin-us in both evictions (no GPU needed).
 
 Each form is a CUDA graph, timed by events around replays, interleaved, L2 evicted by a 256 MiB
 fill and by a read (_common.interleaved_us). Each probe form's landed bytes are checked once (a
@@ -28,12 +35,14 @@ before each check, against fp64 on several shapes (odd M, K and N included) and 
 the same bits.
 
     python3 benchmarks/micro/down_stream.py [--lib .probe/libdown_stream.so] [--out F]
+    python3 benchmarks/micro/down_stream.py --verdict F [--margin-us 0.5]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import sys
 from pathlib import Path
 
@@ -42,7 +51,8 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import graphed, interleaved_us, local_package, rel_err, swiglu_operands, write_report  # noqa: E402
+from _common import (graphed, interleaved_us, local_package, rel_err, swiglu_operands, with_env,  # noqa: E402
+                     write_report)
 
 CONFIGS = [  # (rows per CTA, K parts, h mode, stages)
     (64, 2, 0, 8),
@@ -71,13 +81,41 @@ def expected_sink(wd: torch.Tensor, h: torch.Tensor, rb: int, hmode: int) -> int
     return total % (1 << 64)
 
 
+def verdict(rows: list, margin_us: float) -> tuple[bool, str]:
+    """Whether op_kernel's median is at least margin_us under op_split2's in every eviction the
+    rows hold (both forms present in each), and a line saying by how much."""
+    us = {(r["eviction"], r["form"]): r["us"] for r in rows}
+    evictions = sorted({r["eviction"] for r in rows})
+    gains = {}
+    for ev in evictions:
+        if (ev, "op_kernel") not in us or (ev, "op_split2") not in us:
+            return False, f"no op_kernel / op_split2 rows for eviction {ev!r} (a build without down_gemm_sm90?)"
+        gains[ev] = us[(ev, "op_split2")] - us[(ev, "op_kernel")]
+    if not gains:
+        return False, "no rows"
+    ok = all(g >= margin_us for g in gains.values())
+    text = ", ".join(f"{ev}: op_split2 {us[(ev, 'op_split2')]:.1f} us, op_kernel {us[(ev, 'op_kernel')]:.1f} us "
+                     f"(gain {g:+.2f})" for ev, g in gains.items())
+    return ok, f"{'KERNEL WINS' if ok else 'kernel does not win'} by the {margin_us} us margin: {text}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=str(ROOT / ".probe" / "libdown_stream.so"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--verdict", default=None, help="a results file of this script: judge it and exit")
+    ap.add_argument("--margin-us", type=float, default=0.5)
     args = ap.parse_args()
+    if args.verdict is not None:
+        ok, text = verdict(json.loads(Path(args.verdict).read_text())["rows"], args.margin_us)
+        print(f"[verdict] {text}")
+        raise SystemExit(0 if ok else 1)
+    measure(args)
+
+
+def measure(args) -> None:
     lib = ctypes.CDLL(args.lib)
     lib.down_stream_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 6 + [ctypes.c_void_p] * 2
     lib.down_stream_ceiling.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -100,6 +138,8 @@ def main() -> None:
                 raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}, mcast {mcast}")
         return run
 
+    (fm,) = local_package()
+    pkg = getattr(fm.ops, "down_gemm_sm90", None)  # the package's kernel, where the build has it
     errors = {}
     shapes = ((128, 4096, 14336), (1, 4096, 14336), (77, 1024, 3000), (128, 192, 256), (100, 384, 1000), (65, 256, 512))
     for (mm, nn, kk), mcast in [(sh, mc) for sh in shapes for mc in (False, True)]:
@@ -125,7 +165,21 @@ def main() -> None:
               f"{not bool(counts.any())}: {'ok' if ok else 'WRONG'}", flush=True)
         if not ok:
             raise SystemExit("a GEMM form is wrong; no timing")
-    (fm,) = local_package()
+        if pkg is not None and not mcast:
+            outs = []
+            for _ in range(2):
+                y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+                pkg(y, hh, w, None, False)
+                torch.cuda.synchronize()
+                outs.append(y)
+            err = rel_err(outs[0], exact)
+            errors[(mm, nn, kk, "pkg")] = err
+            ok = bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and torch.equal(outs[0], outs[1])
+            print(f"[gemm check] package down_gemm_sm90 M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} "
+                  f"(F.linear {base:.2e}), same bits twice {torch.equal(outs[0], outs[1])}: "
+                  f"{'ok' if ok else 'WRONG'}", flush=True)
+            if not ok:
+                raise SystemExit("the package's down_gemm_sm90 is wrong; no timing")
     act = fm.activations.ACTIVATION_IDS["silu"]
     m = 128
     x, wg, wu, wd = swiglu_operands(m=m)
@@ -179,6 +233,19 @@ def main() -> None:
         fm.ops.gated_gemm_sm90(hbuf, x, wg, wu, None, None, None, act, 0)
 
     forms["op"] = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")
+    if pkg is not None:
+        yp = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        forms["pkg"] = lambda: pkg(yp, h, wd, None, False)
+        forms["gu_pkg_pdl"] = lambda: (gu(), pkg(yp, hbuf, wd, None, True))
+        # the switch is read at each call: each graph keeps the form it was captured with
+        op_as = {v: with_env(lambda: fm.gated_mlp(x, wg, wu, wd, "silu"), "FUSED_MLP_DOWN_SPLIT", v)
+                 for v in ("2", "kernel")}
+        forms["op_split2"], forms["op_kernel"] = op_as["2"], op_as["kernel"]
+        a, b = op_as["2"](), op_as["kernel"]()
+        err = rel_err(b, a.double())
+        print(f"[gemm check] op_kernel against op_split2 (eager): rel err {err:.2e}", flush=True)
+        if not bool(torch.isfinite(b).all()) or err > 1e-2:
+            raise SystemExit("op_kernel is wrong; no timing")
     forms["gu_bmm_only"] = lambda: (gu(), torch.bmm(hbb, wb, torch.float32, out=p))
     for cfg in CONFIGS[:4]:
         run_gu = stream(hbuf, *cfg)
@@ -188,14 +255,15 @@ def main() -> None:
         forms[f"gu_g{'m' if mcast else ''}_s{stages}" + ("_pdl" if pdl else "")] = lambda run_g=run_g: (gu(), run_g())
     replays = {name: graphed(f) for name, f in forms.items()}
     # the GEMM after the gate/up kernel, in its graph, poisoned, against the op's output
-    for name in ("gu_g_s8", "gu_g_s8_pdl", "gu_gm_s8", "gu_gm_s8_pdl"):
-        yg.fill_(float("nan"))
+    for name in ("gu_g_s8", "gu_g_s8_pdl", "gu_gm_s8", "gu_gm_s8_pdl") + (("gu_pkg_pdl",) if pkg is not None else ()):
+        y = yp if name == "gu_pkg_pdl" else yg
+        y.fill_(float("nan"))
         replays[name]()
         torch.cuda.synchronize()
         ref = fm.gated_mlp(x, wg, wu, wd, "silu")
-        err = rel_err(yg, ref.double())
+        err = rel_err(y, ref.double())
         print(f"[gemm check] {name}: rel err vs the op's output {err:.2e}", flush=True)
-        if not bool(torch.isfinite(yg).all()) or err > 1e-2:
+        if not bool(torch.isfinite(y).all()) or err > 1e-2:
             raise SystemExit(f"{name} is wrong; no timing")
     rows = []
     for mode in ("fill", "read"):
@@ -205,8 +273,9 @@ def main() -> None:
             print(f"[stream] {mode:4s} {name:26s} {us:7.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds),
                   flush=True)
     write_report(args.out, rows, command=" ".join(sys.argv),
-                 gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}" + ("_mcast" if mc else ""): e
+                 gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}" + {False: "", True: "_mcast", "pkg": "_pkg"}[mc]: e
                                        for (a, b, c, mc), e in errors.items()})
+    print(f"[verdict] {verdict(rows, args.margin_us)[1]}", flush=True)
 
 
 if __name__ == "__main__":
