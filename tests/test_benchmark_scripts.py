@@ -502,3 +502,12 @@ def test_down_stream_verdict_needs_the_margin_in_every_eviction(split2, kernel, 
     rc = subprocess.run([sys.executable, str(BENCH / "micro" / "down_stream.py"), "--verdict", str(f)],
                         capture_output=True, text=True).returncode
     assert rc == (0 if want else 1)
+
+
+def test_down_stream_refuses_an_unknown_gemm_mode_before_touching_the_gpu():
+    """gpu_session.sh's micro-down step passes the forms whose checks passed as --modes; a name
+    the script does not know is an error that names it, not a run without that form."""
+    r = subprocess.run([sys.executable, str(BENCH / "micro" / "down_stream.py"), "--modes", "pair,quadd"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "--modes: unknown ['quadd']" in r.stderr

@@ -13,11 +13,12 @@ reduce), beside what the op runs today, in one process:
   s_rbR_pP_hH_sS   the probe: R W_down rows per CTA, P K parts, h by each CTA (H=1), by CTA pairs
                    with multicast (H=2) or not at all (H=0), S ring stages
   op               fused_mlp.gated_mlp (our gate/up kernel, then the split down projection)
-  g[m]_sS[_pdl]    the GEMM on that ring (rb 64, 2 K parts in a cluster of 2, h per CTA, S
+  g[m|q]_sS[_pdl]  the GEMM on that ring (rb 64, 2 K parts in a cluster of 2, h per CTA, S
                    stages; one MMA warp group, the two partial tiles summed through DSMEM), with
                    a programmatic edge from the kernel before it (_pdl: W's first boxes load
                    before griddepcontrol.wait); gm: CTA pairs of adjacent row blocks multicast h
-                   instead, and the two K parts meet through a global workspace
+                   instead, and the two K parts meet through a global workspace; gq: both in
+                   clusters of 4 (h multicast within a K part, K parts summed through DSMEM)
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
   pkg, gu_pkg_pdl  the package's own down_gemm_sm90 (where the build has it: branch
@@ -32,9 +33,11 @@ Each form is a CUDA graph, timed by events around replays, interleaved, L2 evict
 fill and by a read (_common.interleaved_us). Each probe form's landed bytes are checked once (a
 sum of one word per box, against the same words summed here); the GEMM's output, poisoned
 before each check, against fp64 on several shapes (odd M, K and N included) and run twice for
-the same bits.
+the same bits. --modes picks the GEMM forms (pair: g, global: gm, quad: gq, pkg: the package's;
+default all); --check-only runs their checks and stops (gpu_session.sh checks each form in a
+process of its own first, so that one that hangs costs only its own timeout).
 
-    python3 benchmarks/micro/down_stream.py [--lib .probe/libdown_stream.so] [--out F]
+    python3 benchmarks/micro/down_stream.py [--lib .probe/libdown_stream.so] [--out F] [--modes pair,quad]
     python3 benchmarks/micro/down_stream.py --verdict F [--margin-us 0.5]
 """
 
@@ -81,6 +84,51 @@ def expected_sink(wd: torch.Tensor, h: torch.Tensor, rb: int, hmode: int) -> int
     return total % (1 << 64)
 
 
+# The GEMM's forms (--modes): down_stream.cu's GemmMode codes, and the package's kernel.
+GEMM_MODES = {"pair": 0, "global": 1, "quad": 2}
+MODES = tuple(GEMM_MODES) + ("pkg",)
+PREFIX = {"pair": "g", "global": "gm", "quad": "gq"}  # form names: PREFIX_s8[_pdl], gu_PREFIX_...
+# (M, N, K): odd M, K not a multiple of 64 (nor of 128), N of 64 but not of 128 (the multicast
+# forms take N % 128 == 0 and leave that one out)
+CHECK_SHAPES = ((128, 4096, 14336), (1, 4096, 14336), (77, 1024, 3000), (128, 192, 256), (100, 384, 1000),
+                (65, 256, 512))
+
+
+def check_gemms(modes: list, gemm, pkg, counts) -> dict:
+    """Each mode's GEMM against fp64 on CHECK_SHAPES, output poisoned, run twice for the same
+    bits (and the global form's counts back to zero); stops the script at the first wrong one.
+    Returns {(M, N, K, mode): rel err}."""
+    errors = {}
+    for mm, nn, kk in CHECK_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(mm * 7 + nn + kk)
+        hh = torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(nn, kk, device="cuda", dtype=torch.bfloat16, generator=gen) * kk**-0.5
+        exact = hh.double() @ w.double().t()
+        base = rel_err(F.linear(hh, w), exact)
+        for md in modes:
+            if md in ("global", "quad") and nn % 128:
+                continue
+            outs = []
+            for _ in range(2):
+                y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+                if md == "pkg":
+                    pkg(y, hh, w, None, False)
+                else:
+                    gemm(hh, w, y, 8, False, md)()
+                torch.cuda.synchronize()
+                outs.append(y)
+            err = rel_err(outs[0], exact)
+            errors[(mm, nn, kk, md)] = err
+            same = torch.equal(outs[0], outs[1])
+            zero = not bool(counts.any())
+            ok = bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and same and zero
+            print(f"[gemm check] {md} M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} (F.linear {base:.2e}), "
+                  f"same bits twice {same}, counts at zero {zero}: {'ok' if ok else 'WRONG'}", flush=True)
+            if not ok:
+                raise SystemExit(f"the {md} form is wrong; no timing")
+    return errors
+
+
 def verdict(rows: list, margin_us: float) -> tuple[bool, str]:
     """Whether op_kernel's median is at least margin_us under op_split2's in every eviction the
     rows hold (both forms present in each), and a line saying by how much."""
@@ -107,11 +155,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--verdict", default=None, help="a results file of this script: judge it and exit")
     ap.add_argument("--margin-us", type=float, default=0.5)
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"comma-separated GEMM forms to check and time (default all: {','.join(MODES)})")
+    ap.add_argument("--check-only", action="store_true", help="only check the --modes forms against fp64")
     args = ap.parse_args()
     if args.verdict is not None:
         ok, text = verdict(json.loads(Path(args.verdict).read_text())["rows"], args.margin_us)
         print(f"[verdict] {text}")
         raise SystemExit(0 if ok else 1)
+    unknown = sorted(set(md for md in args.modes.split(",") if md) - set(MODES))
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; known {list(MODES)}")
     measure(args)
 
 
@@ -121,65 +175,34 @@ def measure(args) -> None:
     lib.down_stream_ceiling.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.down_stream_max_clusters.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.down_gemm_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_int64]
-                                     + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3)
-    # the multicast form's workspace: partial tiles and arrival counts (zero between launches)
+                                     + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3)
+    # the global form's workspace: partial tiles and arrival counts (zero between launches)
     ws = torch.empty(4096 // 64 * 2 * 64 * 128, device="cuda", dtype=torch.float32)
     counts = torch.zeros(4096 // 64, device="cuda", dtype=torch.int32)
 
-    def gemm(hh, w, y, stages, pdl, mcast=False):
-        if mcast and w.shape[0] > 4096:
-            raise ValueError(f"the multicast form's workspace holds N <= 4096, got {w.shape[0]}")
+    def gemm(hh, w, y, stages, pdl, mode="pair"):
+        glob = mode == "global"
+        if glob and w.shape[0] > 4096:
+            raise ValueError(f"the global form's workspace holds N <= 4096, got {w.shape[0]}")
 
         def run():
             rc = lib.down_gemm_launch(w.data_ptr(), hh.data_ptr(), y.data_ptr(), hh.shape[0], w.shape[0],
-                                      hh.shape[1], y.stride(0), stages, int(pdl), ws.data_ptr() if mcast else None,
-                                      counts.data_ptr() if mcast else None, torch.cuda.current_stream().cuda_stream)
+                                      hh.shape[1], y.stride(0), stages, int(pdl), GEMM_MODES[mode],
+                                      ws.data_ptr() if glob else None, counts.data_ptr() if glob else None,
+                                      torch.cuda.current_stream().cuda_stream)
             if rc != 0:
-                raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}, mcast {mcast}")
+                raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}, mode {mode}")
         return run
 
     (fm,) = local_package()
     pkg = getattr(fm.ops, "down_gemm_sm90", None)  # the package's kernel, where the build has it
-    errors = {}
-    shapes = ((128, 4096, 14336), (1, 4096, 14336), (77, 1024, 3000), (128, 192, 256), (100, 384, 1000), (65, 256, 512))
-    for (mm, nn, kk), mcast in [(sh, mc) for sh in shapes for mc in (False, True)]:
-        if mcast and nn % 128:
-            continue
-        gen = torch.Generator(device="cuda").manual_seed(mm * 7 + nn + kk)
-        hh = torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(nn, kk, device="cuda", dtype=torch.bfloat16, generator=gen) * kk**-0.5
-        exact = hh.double() @ w.double().t()
-        base = rel_err(F.linear(hh, w), exact)
-        outs = []
-        for _ in range(2):
-            y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-            gemm(hh, w, y, 8, False, mcast)()
-            torch.cuda.synchronize()
-            outs.append(y)
-        err = rel_err(outs[0], exact)
-        errors[(mm, nn, kk, mcast)] = err
-        ok = (bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and torch.equal(outs[0], outs[1])
-              and not bool(counts.any()))
-        print(f"[gemm check] {'multicast ' if mcast else ''}M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} "
-              f"(F.linear {base:.2e}), same bits twice {torch.equal(outs[0], outs[1])}, counts back to zero "
-              f"{not bool(counts.any())}: {'ok' if ok else 'WRONG'}", flush=True)
-        if not ok:
-            raise SystemExit("a GEMM form is wrong; no timing")
-        if pkg is not None and not mcast:
-            outs = []
-            for _ in range(2):
-                y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-                pkg(y, hh, w, None, False)
-                torch.cuda.synchronize()
-                outs.append(y)
-            err = rel_err(outs[0], exact)
-            errors[(mm, nn, kk, "pkg")] = err
-            ok = bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and torch.equal(outs[0], outs[1])
-            print(f"[gemm check] package down_gemm_sm90 M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} "
-                  f"(F.linear {base:.2e}), same bits twice {torch.equal(outs[0], outs[1])}: "
-                  f"{'ok' if ok else 'WRONG'}", flush=True)
-            if not ok:
-                raise SystemExit("the package's down_gemm_sm90 is wrong; no timing")
+    modes = [md for md in args.modes.split(",") if md]
+    if pkg is None and "pkg" in modes:
+        print("[gemm check] this build has no down_gemm_sm90: the pkg forms are left out", flush=True)
+        modes.remove("pkg")
+    errors = check_gemms(modes, gemm, pkg, counts)
+    if args.check_only:
+        return
     act = fm.activations.ACTIVATION_IDS["silu"]
     m = 128
     x, wg, wu, wd = swiglu_operands(m=m)
@@ -189,7 +212,8 @@ def measure(args) -> None:
     h = hbuf.clone()
     sink = torch.zeros(1, device="cuda", dtype=torch.int64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for size, smem in ((2, 8 * 24 * 1024), (4, 6 * 32 * 1024), (4, 100 * 1024), (8, 6 * 32 * 1024)):
+    for size, smem in ((2, 8 * 24 * 1024), (4, 8 * 24 * 1024), (4, 6 * 32 * 1024), (4, 100 * 1024),
+                       (8, 6 * 32 * 1024)):
         print(f"[occupancy] clusters of {size} with {smem // 1024} KB each: "
               f"{lib.down_stream_max_clusters(size, smem)} resident", flush=True)
 
@@ -223,17 +247,18 @@ def measure(args) -> None:
         forms[name_of(*cfg)] = run
 
     yg = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    for stages in (6, 8):
-        forms[f"g_s{stages}"] = gemm(h, wd, yg, stages, False)
-    forms["g_s8_pdl"] = gemm(h, wd, yg, 8, True)
-    forms["gm_s8"] = gemm(h, wd, yg, 8, False, mcast=True)
-    forms["gm_s8_pdl"] = gemm(h, wd, yg, 8, True, mcast=True)
+    gemm_modes = [md for md in modes if md != "pkg"]
+    if "pair" in modes:
+        forms["g_s6"] = gemm(h, wd, yg, 6, False)
+    for md in gemm_modes:
+        forms[f"{PREFIX[md]}_s8"] = gemm(h, wd, yg, 8, False, md)
+        forms[f"{PREFIX[md]}_s8_pdl"] = gemm(h, wd, yg, 8, True, md)
 
     def gu():
         fm.ops.gated_gemm_sm90(hbuf, x, wg, wu, None, None, None, act, 0)
 
     forms["op"] = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")
-    if pkg is not None:
+    if "pkg" in modes:
         yp = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         forms["pkg"] = lambda: pkg(yp, h, wd, None, False)
         forms["gu_pkg_pdl"] = lambda: (gu(), pkg(yp, hbuf, wd, None, True))
@@ -250,12 +275,16 @@ def measure(args) -> None:
     for cfg in CONFIGS[:4]:
         run_gu = stream(hbuf, *cfg)
         forms["gu_" + name_of(*cfg)] = lambda run_gu=run_gu: (gu(), run_gu())
-    for stages, pdl, mcast in ((8, False, False), (8, True, False), (8, False, True), (8, True, True)):
-        run_g = gemm(hbuf, wd, yg, stages, pdl, mcast)
-        forms[f"gu_g{'m' if mcast else ''}_s{stages}" + ("_pdl" if pdl else "")] = lambda run_g=run_g: (gu(), run_g())
+    gu_checked = []
+    for md in gemm_modes:
+        for pdl in (False, True):
+            run_g = gemm(hbuf, wd, yg, 8, pdl, md)
+            name = f"gu_{PREFIX[md]}_s8" + ("_pdl" if pdl else "")
+            forms[name] = lambda run_g=run_g: (gu(), run_g())
+            gu_checked.append(name)
     replays = {name: graphed(f) for name, f in forms.items()}
     # the GEMM after the gate/up kernel, in its graph, poisoned, against the op's output
-    for name in ("gu_g_s8", "gu_g_s8_pdl", "gu_gm_s8", "gu_gm_s8_pdl") + (("gu_pkg_pdl",) if pkg is not None else ()):
+    for name in gu_checked + (["gu_pkg_pdl"] if "pkg" in modes else []):
         y = yp if name == "gu_pkg_pdl" else yg
         y.fill_(float("nan"))
         replays[name]()
@@ -272,9 +301,8 @@ def measure(args) -> None:
                          "check": checks.get(name)})
             print(f"[stream] {mode:4s} {name:26s} {us:7.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds),
                   flush=True)
-    write_report(args.out, rows, command=" ".join(sys.argv),
-                 gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}" + {False: "", True: "_mcast", "pkg": "_pkg"}[mc]: e
-                                       for (a, b, c, mc), e in errors.items()})
+    write_report(args.out, rows, command=" ".join(sys.argv), modes=modes,
+                 gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}_{md}": e for (a, b, c, md), e in errors.items()})
     print(f"[verdict] {verdict(rows, args.margin_us)[1]}", flush=True)
 
 
