@@ -8,7 +8,8 @@
 #          mem-trace kernel-config profile matrix demo alloc-regime
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
-#   MATRIX_ARGS / MATRIX_TESTS, ALLOC_REGIME_LAYOUTS / ALLOC_REGIME_RUNS / ALLOC_REGIME_ARGS
+#   MATRIX_ARGS / MATRIX_TESTS, ALLOC_REGIME_LAYOUTS / ALLOC_REGIME_RUNS / ALLOC_REGIME_ARGS,
+#   DOWN_CHECK_TIMEOUT (micro-down: seconds per form's check, default 90)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -127,7 +128,7 @@ if has micro-down; then
   modes=""
   : > "$OUT/down_stream_checks.txt"
   for md in pair global quad pkg; do
-    timeout 90 $PY benchmarks/micro/down_stream.py --check-only --modes "$md" > "$ROOT/.probe/check.txt" 2>&1
+    timeout ${DOWN_CHECK_TIMEOUT:-90} $PY benchmarks/micro/down_stream.py --check-only --modes "$md" > "$ROOT/.probe/check.txt" 2>&1
     rc=$?
     { cat "$ROOT/.probe/check.txt"; echo "down_stream.py --check-only --modes $md: exit $rc"; } >> "$OUT/down_stream_checks.txt"
     echo "down_stream.py --check-only --modes $md: exit $rc" | tee -a "$LOG"
