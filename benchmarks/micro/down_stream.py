@@ -21,19 +21,21 @@ reduce), beside what the op runs today, in one process:
                    clusters of 4 (h multicast within a K part, K parts summed through DSMEM)
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
-  pkg, gu_pkg_pdl  the package's own down_gemm_sm90 (where the build has it: branch
-                   down-gemm-sm90), alone and after the gate/up kernel with its programmatic edge
+  pkg[4], gu_pkg[4]_pdl  the package's own down_gemm_sm90 in clusters of 2 [4] (where the build
+                   has it: branch down-gemm-sm90), alone and after the gate/up kernel with its
+                   programmatic edge
   op_split2        the op captured with FUSED_MLP_DOWN_SPLIT=2 (the split main's graphs pick at
-  op_kernel        M 128) and with =kernel (down_gemm_sm90): the A/B that decides the branch
+  op_kernel[4]     M 128) and with =kernel [=kernel4] (down_gemm_sm90): the A/B that decides
+                   the branch
 
 --verdict F reads a results file of this script and says (exit status 0 / 1) whether op_kernel
-beats op_split2 by at least --margin-us in both evictions (no GPU needed).
+or op_kernel4 beats op_split2 by at least --margin-us in both evictions (no GPU needed).
 
 Each form is a CUDA graph, timed by events around replays, interleaved, L2 evicted by a 256 MiB
 fill and by a read (_common.interleaved_us). Each probe form's landed bytes are checked once (a
 sum of one word per box, against the same words summed here); the GEMM's output, poisoned
 before each check, against fp64 on several shapes (odd M, K and N included) and run twice for
-the same bits. --modes picks the GEMM forms (pair: g, global: gm, quad: gq, pkg: the package's;
+the same bits. --modes picks the GEMM forms (pair: g, global: gm, quad: gq, pkg / pkg4: the package's;
 default all); --check-only runs their checks and stops (gpu_session.sh checks each form in a
 process of its own first, so that one that hangs costs only its own timeout).
 
@@ -86,7 +88,9 @@ def expected_sink(wd: torch.Tensor, h: torch.Tensor, rb: int, hmode: int) -> int
 
 # The GEMM's forms (--modes): down_stream.cu's GemmMode codes, and the package's kernel.
 GEMM_MODES = {"pair": 0, "global": 1, "quad": 2}
-MODES = tuple(GEMM_MODES) + ("pkg",)
+# pkg / pkg4: the package's down_gemm_sm90 in clusters of 2 / 4 (where the build has it)
+PKG_CLUSTER = {"pkg": 2, "pkg4": 4}
+MODES = tuple(GEMM_MODES) + tuple(PKG_CLUSTER)
 PREFIX = {"pair": "g", "global": "gm", "quad": "gq"}  # form names: PREFIX_s8[_pdl], gu_PREFIX_...
 # (M, N, K): odd M, K not a multiple of 64 (nor of 128), N of 64 but not of 128 (the multicast
 # forms take N % 128 == 0 and leave that one out)
@@ -111,8 +115,8 @@ def check_gemms(modes: list, gemm, pkg, counts) -> dict:
             outs = []
             for _ in range(2):
                 y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-                if md == "pkg":
-                    pkg(y, hh, w, None, False)
+                if md in PKG_CLUSTER:
+                    pkg(y, hh, w, None, False, PKG_CLUSTER[md])
                 else:
                     gemm(hh, w, y, 8, False, md)()
                 torch.cuda.synchronize()
@@ -129,22 +133,29 @@ def check_gemms(modes: list, gemm, pkg, counts) -> dict:
     return errors
 
 
+VERDICT_FORMS = ("op_kernel", "op_kernel4")  # the op with the package's kernel in clusters of 2 / 4
+
+
 def verdict(rows: list, margin_us: float) -> tuple[bool, str]:
-    """Whether op_kernel's median is at least margin_us under op_split2's in every eviction the
-    rows hold (both forms present in each), and a line saying by how much."""
+    """Whether op_kernel's or op_kernel4's median is at least margin_us under op_split2's in every
+    eviction the rows hold, and a line per form saying by how much. A form missing from an
+    eviction's rows (a build without the kernel, a form whose check failed) does not pass."""
     us = {(r["eviction"], r["form"]): r["us"] for r in rows}
     evictions = sorted({r["eviction"] for r in rows})
-    gains = {}
-    for ev in evictions:
-        if (ev, "op_kernel") not in us or (ev, "op_split2") not in us:
-            return False, f"no op_kernel / op_split2 rows for eviction {ev!r} (a build without down_gemm_sm90?)"
-        gains[ev] = us[(ev, "op_split2")] - us[(ev, "op_kernel")]
-    if not gains:
+    if not evictions:
         return False, "no rows"
-    ok = all(g >= margin_us for g in gains.values())
-    text = ", ".join(f"{ev}: op_split2 {us[(ev, 'op_split2')]:.1f} us, op_kernel {us[(ev, 'op_kernel')]:.1f} us "
-                     f"(gain {g:+.2f})" for ev, g in gains.items())
-    return ok, f"{'KERNEL WINS' if ok else 'kernel does not win'} by the {margin_us} us margin: {text}"
+    passed, lines = [], []
+    for form in VERDICT_FORMS:
+        if not all((ev, form) in us and (ev, "op_split2") in us for ev in evictions):
+            lines.append(f"{form}: no rows in every eviction")
+            continue
+        gains = {ev: us[(ev, "op_split2")] - us[(ev, form)] for ev in evictions}
+        if all(g >= margin_us for g in gains.values()):
+            passed.append(form)
+        lines.append(f"{form}: " + ", ".join(f"{ev} {us[(ev, form)]:.1f} us against op_split2 "
+                                             f"{us[(ev, 'op_split2')]:.1f} (gain {g:+.2f})" for ev, g in gains.items()))
+    head = f"KERNEL WINS ({', '.join(passed)})" if passed else "no kernel form wins"
+    return bool(passed), f"{head} by the {margin_us} us margin: " + "; ".join(lines)
 
 
 def main() -> None:
@@ -197,9 +208,9 @@ def measure(args) -> None:
     (fm,) = local_package()
     pkg = getattr(fm.ops, "down_gemm_sm90", None)  # the package's kernel, where the build has it
     modes = [md for md in args.modes.split(",") if md]
-    if pkg is None and "pkg" in modes:
+    if pkg is None and set(modes) & set(PKG_CLUSTER):
         print("[gemm check] this build has no down_gemm_sm90: the pkg forms are left out", flush=True)
-        modes.remove("pkg")
+        modes = [md for md in modes if md not in PKG_CLUSTER]
     errors = check_gemms(modes, gemm, pkg, counts)
     if args.check_only:
         return
@@ -247,7 +258,7 @@ def measure(args) -> None:
         forms[name_of(*cfg)] = run
 
     yg = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    gemm_modes = [md for md in modes if md != "pkg"]
+    gemm_modes = [md for md in modes if md in GEMM_MODES]
     if "pair" in modes:
         forms["g_s6"] = gemm(h, wd, yg, 6, False)
     for md in gemm_modes:
@@ -258,19 +269,27 @@ def measure(args) -> None:
         fm.ops.gated_gemm_sm90(hbuf, x, wg, wu, None, None, None, act, 0)
 
     forms["op"] = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")
-    if "pkg" in modes:
-        yp = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        forms["pkg"] = lambda: pkg(yp, h, wd, None, False)
-        forms["gu_pkg_pdl"] = lambda: (gu(), pkg(yp, hbuf, wd, None, True))
+    ypkg = {}
+    pkg_modes = [md for md in modes if md in PKG_CLUSTER]
+    if pkg_modes:
         # the switch is read at each call: each graph keeps the form it was captured with
-        op_as = {v: with_env(lambda: fm.gated_mlp(x, wg, wu, wd, "silu"), "FUSED_MLP_DOWN_SPLIT", v)
-                 for v in ("2", "kernel")}
-        forms["op_split2"], forms["op_kernel"] = op_as["2"], op_as["kernel"]
-        a, b = op_as["2"](), op_as["kernel"]()
-        err = rel_err(b, a.double())
-        print(f"[gemm check] op_kernel against op_split2 (eager): rel err {err:.2e}", flush=True)
+        def op_as(value):
+            return with_env(lambda: fm.gated_mlp(x, wg, wu, wd, "silu"), "FUSED_MLP_DOWN_SPLIT", value)
+
+        forms["op_split2"] = op_as("2")
+        split2 = forms["op_split2"]()
+    for md in pkg_modes:
+        c = PKG_CLUSTER[md]
+        ypkg[md] = yp = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        forms[md] = lambda yp=yp, c=c: pkg(yp, h, wd, None, False, c)
+        forms[f"gu_{md}_pdl"] = lambda yp=yp, c=c: (gu(), pkg(yp, hbuf, wd, None, True, c))
+        op_name, mode = ("op_kernel", "kernel") if c == 2 else ("op_kernel4", "kernel4")
+        forms[op_name] = op_as(mode)
+        b = forms[op_name]()
+        err = rel_err(b, split2.double())
+        print(f"[gemm check] {op_name} against op_split2 (eager): rel err {err:.2e}", flush=True)
         if not bool(torch.isfinite(b).all()) or err > 1e-2:
-            raise SystemExit("op_kernel is wrong; no timing")
+            raise SystemExit(f"{op_name} is wrong; no timing")
     forms["gu_bmm_only"] = lambda: (gu(), torch.bmm(hbb, wb, torch.float32, out=p))
     for cfg in CONFIGS[:4]:
         run_gu = stream(hbuf, *cfg)
@@ -284,8 +303,8 @@ def measure(args) -> None:
             gu_checked.append(name)
     replays = {name: graphed(f) for name, f in forms.items()}
     # the GEMM after the gate/up kernel, in its graph, poisoned, against the op's output
-    for name in gu_checked + (["gu_pkg_pdl"] if "pkg" in modes else []):
-        y = yp if name == "gu_pkg_pdl" else yg
+    gu_outputs = {**{name: yg for name in gu_checked}, **{f"gu_{md}_pdl": ypkg[md] for md in pkg_modes}}
+    for name, y in gu_outputs.items():
         y.fill_(float("nan"))
         replays[name]()
         torch.cuda.synchronize()
