@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(64) down_stream_kernel(const __grid_constant__
 //           writes its fp32 partial tile to a workspace and counts itself in; the second to
 //           arrive adds the first one's tile, rounds and stores all 128 tokens, and zeroes the
 //           count for the next launch.
-//   kQuad   both in a cluster of 4 (session 49): rank r = 2 part + (r % 2), row block 2 c + r % 2;
-//           CTAs r and r ^ 1 (one K part, adjacent row blocks) multicast h's halves to each
+//   kQuad   both in a cluster of 4 (session 49): rank 2 p + j computes K part p of row block
+//           2 c + j (cluster c); CTAs r and r ^ 1 (one K part, adjacent row blocks) multicast h's halves to each
 //           other, CTAs r and r ^ 2 (one row block, the two K parts) add their partial tiles
 //           through DSMEM as kPair does. No workspace; 32 clusters of 4 must be resident at
 //           once for N 4096 to be one wave.
@@ -258,15 +258,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
   if (warp == 4) {
     if (lane == 0) {
       const int pre = c.pdl ? (steps < c.stages ? steps : c.stages) : 0;
+      // kMcast with M <= 64: the second half of h is wholly past M and not loaded (no TMA box
+      // wholly outside its tensor; the stale rows reach only tokens that are never stored), as
+      // the package's kernel does
+      const bool my_half = !kMcast || int(half) * 64 < c.M;
+      const uint32_t stage_tx = (kMcast && c.M <= 64) ? kGemmStage - kGemmH / 2 : kGemmStage;
       for (int i = 0; i < pre; ++i) {
-        bar_expect_tx(&full[i], kGemmStage);
+        bar_expect_tx(&full[i], stage_tx);
         tma_load(smem + size_t(i) * kGemmStage, &mw, &full[i], (kb0 + i) * 64, n0, 0);
       }
       if (c.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
       // h's box of step i into stage s: by itself, or (kMcast) its half to both CTAs of the pair
       auto load_h = [&](uint8_t* st, uint64_t* bar, int k) {
         if constexpr (kMcast) {
-          load2d_multicast(st + kGemmW + half * 8192u, &mh, bar, k, int(half) * 64, pair_mask);
+          if (my_half) load2d_multicast(st + kGemmW + half * 8192u, &mh, bar, k, int(half) * 64, pair_mask);
         } else {
           tma_load(st + kGemmW, &mh, bar, k, 0, 0);
         }
@@ -275,7 +280,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
       for (int i = pre; i < steps; ++i) {
         const int s = i % c.stages, k = (kb0 + i) * 64;
         if (i >= c.stages) bar_wait(&empty[s], ((i / c.stages) - 1) & 1);
-        bar_expect_tx(&full[s], kGemmStage);
+        bar_expect_tx(&full[s], stage_tx);
         uint8_t* st = smem + size_t(s) * kGemmStage;
         tma_load(st, &mw, &full[s], k, n0, 0);
         load_h(st, &full[s], k);
