@@ -3,7 +3,10 @@
 F.linear (FUSED_MLP_DOWN_SPLIT=0) or split in 2 / 4 (the switch forced), at few tokens
 (session 36): the split form makes ~3 host calls where F.linear makes one, which matters for
 eager callers whose calls are host-bound. Beside it, the same calls' events time back to back
-(do_bench median): where that is near the host time, eager calls are launch-bound.
+(do_bench median): where that is near the host time, eager calls are launch-bound. Where the
+build has down_gemm_sm90 (branch down-gemm-sm90), its forms too at M <= 128 (=kernel /
+=kernel4: one launch and one allocation, like F.linear; whether eager calls could take them is
+this question again).
 
 Host time: 30 calls enqueued behind a sleeping kernel (so the launch queue never waits on the
 GPU), per call, in 5 interleaved rounds; the median.
@@ -31,6 +34,7 @@ from _common import local_package, median_us, swiglu_operands, with_env, write_r
 
 ENV = "FUSED_MLP_DOWN_SPLIT"
 CALLS = 30
+KERNEL_VALUES = ("kernel", "kernel4")  # the one-kernel forms' values of the switch (M <= 128)
 
 
 def host_us_behind_sleep(fn) -> float:
@@ -109,12 +113,13 @@ def main() -> None:
     rows = []
     for m in [int(v) for v in args.m.split(",")]:
         x, wg, wu, wd = swiglu_operands(m=m)
-        fns = {v: with_env(lambda: fm.gated_mlp(x, wg, wu, wd, "silu"), ENV, v) for v in ("0", "2", "4")}
+        values = ("0", "2", "4") + (KERNEL_VALUES if hasattr(fm.ops, "down_gemm_sm90") and m <= 128 else ())
+        fns = {v: with_env(lambda: fm.gated_mlp(x, wg, wu, wd, "silu"), ENV, v) for v in values}
         ref = fns["0"]()
         for v, fn in fns.items():  # warm-up (compiles the reduction), and the forms agree
             out = fn()
             err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-            assert err < 2e-2, f"split {v} differs from F.linear at m {m}: {err}"
+            assert err < 2e-2, f"down form {v} differs from F.linear at m {m}: {err}"
         rounds = {v: [] for v in fns}
         for _ in range(5):
             for v, fn in fns.items():
@@ -123,7 +128,7 @@ def main() -> None:
         events = {v: median_us(fn) for v, fn in fns.items()}
         rows.append({"m": m, "host_us": host, "events_us": events})
         print(f"[down-split-host] m {m:4d}  " + "  ".join(
-            f"split {v}: host {host[v]:.1f} us, events {events[v]:.1f} us" for v in fns), flush=True)
+            f"{ENV}={v}: host {host[v]:.1f} us, events {events[v]:.1f} us" for v in fns), flush=True)
     write_report(args.out, rows, calls_per_loop=CALLS)
 
 
