@@ -18,7 +18,8 @@ reduce), beside what the op runs today, in one process:
                    a programmatic edge from the kernel before it (_pdl: W's first boxes load
                    before griddepcontrol.wait); gm: CTA pairs of adjacent row blocks multicast h
                    instead, and the two K parts meet through a global workspace; gq: both in
-                   clusters of 4 (h multicast within a K part, K parts summed through DSMEM)
+                   clusters of 4 (h multicast within a K part, K parts summed through DSMEM;
+                   also with 4 stages, gq_s4, small enough for two CTAs an SM)
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
   pkg[4], gu_pkg[4]_pdl  the package's own down_gemm_sm90 in clusters of 2 [4] (where the build
@@ -223,8 +224,8 @@ def measure(args) -> None:
     h = hbuf.clone()
     sink = torch.zeros(1, device="cuda", dtype=torch.int64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for size, smem in ((2, 8 * 24 * 1024), (4, 8 * 24 * 1024), (4, 6 * 32 * 1024), (4, 100 * 1024),
-                       (8, 6 * 32 * 1024)):
+    for size, smem in ((2, 8 * 24 * 1024), (4, 8 * 24 * 1024), (4, 4 * 24 * 1024), (4, 6 * 32 * 1024),
+                       (4, 100 * 1024), (8, 6 * 32 * 1024)):
         print(f"[occupancy] clusters of {size} with {smem // 1024} KB each: "
               f"{lib.down_stream_max_clusters(size, smem)} resident", flush=True)
 
@@ -261,6 +262,12 @@ def measure(args) -> None:
     gemm_modes = [md for md in modes if md in GEMM_MODES]
     if "pair" in modes:
         forms["g_s6"] = gemm(h, wd, yg, 6, False)
+    if "quad" in modes:
+        # 4 stages (98 KB): two CTAs fit an SM, so clusters of 4 need not find four free SMs
+        # in one GPC (session 19: at most 30 clusters of 4 one-CTA-per-SM are resident on this
+        # H200, and N 4096 needs 32)
+        forms["gq_s4"] = gemm(h, wd, yg, 4, False, "quad")
+        forms["gq_s4_pdl"] = gemm(h, wd, yg, 4, True, "quad")
     for md in gemm_modes:
         forms[f"{PREFIX[md]}_s8"] = gemm(h, wd, yg, 8, False, md)
         forms[f"{PREFIX[md]}_s8_pdl"] = gemm(h, wd, yg, 8, True, md)
@@ -295,10 +302,10 @@ def measure(args) -> None:
         run_gu = stream(hbuf, *cfg)
         forms["gu_" + name_of(*cfg)] = lambda run_gu=run_gu: (gu(), run_gu())
     gu_checked = []
-    for md in gemm_modes:
+    for md, stages in [(md, 8) for md in gemm_modes] + ([("quad", 4)] if "quad" in modes else []):
         for pdl in (False, True):
-            run_g = gemm(hbuf, wd, yg, 8, pdl, md)
-            name = f"gu_{PREFIX[md]}_s8" + ("_pdl" if pdl else "")
+            run_g = gemm(hbuf, wd, yg, stages, pdl, md)
+            name = f"gu_{PREFIX[md]}_s{stages}" + ("_pdl" if pdl else "")
             forms[name] = lambda run_g=run_g: (gu(), run_g())
             gu_checked.append(name)
     replays = {name: graphed(f) for name, f in forms.items()}
