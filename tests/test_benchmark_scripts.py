@@ -495,19 +495,25 @@ SPLIT2 = {"fill": 110.0, "read": 108.0}
     (SPLIT2, {"fill": 109.0}, {"read": 107.0}, False),                           # each only in one eviction
     ({}, {}, {}, False),                                                         # nothing measured
 ])
-def test_down_stream_verdict_needs_the_margin_in_every_eviction(split2, kernel, kernel4, want, tmp_path):
+def test_down_stream_verdict_needs_the_margin_in_every_eviction(split2, kernel, kernel4, want):
     """The gate of the next device call on branch down-gemm-sm90 (down_stream.py --verdict): the
     op with one of the one-kernel down GEMMs must beat it with the split by the margin in both
     evictions, and a file without those rows (a build without the kernel) never passes."""
     ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
-    rows = _verdict_rows(split2, kernel, kernel4)
-    ok, text = ds.verdict(rows, 0.5)
+    ok, text = ds.verdict(_verdict_rows(split2, kernel, kernel4), 0.5)
     assert ok is want, text
+
+
+@pytest.mark.parametrize("kernel,want", [({"fill": 109.0, "read": 107.4}, True), ({"fill": 109.0}, False)])
+def test_down_stream_verdict_cli_exit_status(kernel, want, tmp_path):
+    """--verdict FILE exits 0 where verdict() passes and 1 where it does not (the device command
+    chains the benchmark on it); once per outcome, each a process that imports torch."""
     f = tmp_path / "r.json"
-    f.write_text(json.dumps({"rows": rows}))
-    rc = subprocess.run([sys.executable, str(BENCH / "micro" / "down_stream.py"), "--verdict", str(f)],
-                        capture_output=True, text=True).returncode
-    assert rc == (0 if want else 1)
+    f.write_text(json.dumps({"rows": _verdict_rows(SPLIT2, kernel, {})}))
+    r = subprocess.run([sys.executable, str(BENCH / "micro" / "down_stream.py"), "--verdict", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == (0 if want else 1), r.stdout + r.stderr
+    assert r.stdout.startswith("[verdict] " + ("KERNEL WINS" if want else "no kernel form wins"))
 
 
 def test_down_stream_refuses_an_unknown_gemm_mode_before_touching_the_gpu():

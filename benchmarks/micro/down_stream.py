@@ -89,9 +89,11 @@ def expected_sink(wd: torch.Tensor, h: torch.Tensor, rb: int, hmode: int) -> int
 
 # The GEMM's forms (--modes): down_stream.cu's GemmMode codes, and the package's kernel.
 GEMM_MODES = {"pair": 0, "global": 1, "quad": 2}
-# pkg / pkg4: the package's down_gemm_sm90 in clusters of 2 / 4 (where the build has it)
-PKG_CLUSTER = {"pkg": 2, "pkg4": 4}
-MODES = tuple(GEMM_MODES) + tuple(PKG_CLUSTER)
+# pkg / pkg4: the package's down_gemm_sm90 in clusters of 2 / 4 (where the build has it), and
+# the FUSED_MLP_DOWN_SPLIT value that makes the op take it (the op so captured: op_<value>)
+PKG_FORMS = {"pkg": (2, "kernel"), "pkg4": (4, "kernel4")}
+MODES = tuple(GEMM_MODES) + tuple(PKG_FORMS)
+MCAST_MODES = ("global", "quad")  # the probe's forms that multicast h between row blocks: N % 128
 PREFIX = {"pair": "g", "global": "gm", "quad": "gq"}  # form names: PREFIX_s8[_pdl], gu_PREFIX_...
 # (M, N, K): odd M, K not a multiple of 64 (nor of 128), N of 64 but not of 128 (the multicast
 # forms take N % 128 == 0 and leave that one out)
@@ -111,13 +113,13 @@ def check_gemms(modes: list, gemm, pkg, counts) -> dict:
         exact = hh.double() @ w.double().t()
         base = rel_err(F.linear(hh, w), exact)
         for md in modes:
-            if md in ("global", "quad") and nn % 128:
+            if md in MCAST_MODES and nn % 128:
                 continue
             outs = []
             for _ in range(2):
                 y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-                if md in PKG_CLUSTER:
-                    pkg(y, hh, w, None, False, PKG_CLUSTER[md])
+                if md in PKG_FORMS:
+                    pkg(y, hh, w, None, False, PKG_FORMS[md][0])
                 else:
                     gemm(hh, w, y, 8, False, md)()
                 torch.cuda.synchronize()
@@ -134,7 +136,7 @@ def check_gemms(modes: list, gemm, pkg, counts) -> dict:
     return errors
 
 
-VERDICT_FORMS = ("op_kernel", "op_kernel4")  # the op with the package's kernel in clusters of 2 / 4
+VERDICT_FORMS = tuple(f"op_{value}" for _, value in PKG_FORMS.values())  # op_kernel, op_kernel4
 
 
 def verdict(rows: list, margin_us: float) -> tuple[bool, str]:
@@ -175,13 +177,14 @@ def main() -> None:
         ok, text = verdict(json.loads(Path(args.verdict).read_text())["rows"], args.margin_us)
         print(f"[verdict] {text}")
         raise SystemExit(0 if ok else 1)
-    unknown = sorted(set(md for md in args.modes.split(",") if md) - set(MODES))
+    modes = [md for md in args.modes.split(",") if md]
+    unknown = sorted(set(modes) - set(MODES))
     if unknown:
         raise SystemExit(f"--modes: unknown {unknown}; known {list(MODES)}")
-    measure(args)
+    measure(args, modes)
 
 
-def measure(args) -> None:
+def measure(args, modes: list) -> None:
     lib = ctypes.CDLL(args.lib)
     lib.down_stream_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 6 + [ctypes.c_void_p] * 2
     lib.down_stream_ceiling.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -208,10 +211,9 @@ def measure(args) -> None:
 
     (fm,) = local_package()
     pkg = getattr(fm.ops, "down_gemm_sm90", None)  # the package's kernel, where the build has it
-    modes = [md for md in args.modes.split(",") if md]
-    if pkg is None and set(modes) & set(PKG_CLUSTER):
+    if pkg is None and set(modes) & set(PKG_FORMS):
         print("[gemm check] this build has no down_gemm_sm90: the pkg forms are left out", flush=True)
-        modes = [md for md in modes if md not in PKG_CLUSTER]
+        modes = [md for md in modes if md not in PKG_FORMS]
     errors = check_gemms(modes, gemm, pkg, counts)
     if args.check_only:
         return
@@ -277,7 +279,7 @@ def measure(args) -> None:
 
     forms["op"] = lambda: fm.gated_mlp(x, wg, wu, wd, "silu")
     ypkg = {}
-    pkg_modes = [md for md in modes if md in PKG_CLUSTER]
+    pkg_modes = [md for md in modes if md in PKG_FORMS]
     if pkg_modes:
         # the switch is read at each call: each graph keeps the form it was captured with
         def op_as(value):
@@ -286,12 +288,12 @@ def measure(args) -> None:
         forms["op_split2"] = op_as("2")
         split2 = forms["op_split2"]()
     for md in pkg_modes:
-        c = PKG_CLUSTER[md]
+        c, value = PKG_FORMS[md]
         ypkg[md] = yp = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         forms[md] = lambda yp=yp, c=c: pkg(yp, h, wd, None, False, c)
         forms[f"gu_{md}_pdl"] = lambda yp=yp, c=c: (gu(), pkg(yp, hbuf, wd, None, True, c))
-        op_name, mode = ("op_kernel", "kernel") if c == 2 else ("op_kernel4", "kernel4")
-        forms[op_name] = op_as(mode)
+        op_name = f"op_{value}"
+        forms[op_name] = op_as(value)
         b = forms[op_name]()
         err = rel_err(b, split2.double())
         print(f"[gemm check] {op_name} against op_split2 (eager): rel err {err:.2e}", flush=True)
