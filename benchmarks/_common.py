@@ -6,6 +6,7 @@ import datetime
 import importlib
 import json
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -40,6 +41,24 @@ def run_info(device: str = "cuda") -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([*_START_SWITCHES, *(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])]),
     }
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def gpu_tag(name: str) -> str:
+    """The card's model in a results file's name: "NVIDIA H100 80GB HBM3" -> "h100",
+    "NVIDIA H200" -> "h200"; "gpu" where the name shows no model number."""
+    m = re.search(r"\b([a-z]+[0-9]{2,4}[a-z]?)\b", name.lower())
+    return m.group(1) if m else "gpu"
+
+
+def default_out(stem: str, device: str = "cuda", suffix: str = ".json") -> Path:
+    """results/<stem>_<card><suffix>, named after the GPU the script runs on (the device tool
+    may lend an H100 where an H200 was asked for: its numbers must not land in an h200 file),
+    `cpu` for a dry run."""
+    tag = gpu_tag(torch.cuda.get_device_name()) if device == "cuda" and torch.cuda.is_available() else "cpu"
+    return RESULTS / f"{stem}_{tag}{suffix}"
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

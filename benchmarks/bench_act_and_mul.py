@@ -17,7 +17,7 @@ version=1)``, from the Hub cache in KERNELS_CACHE (default: .hub-cache/ next to 
 repository), offline unless HF_HUB_OFFLINE is set otherwise.
 
 Usage:
-    python benchmarks/bench_act_and_mul.py [--out benchmarks/results/act_and_mul_h200.json]
+    python benchmarks/bench_act_and_mul.py [--out benchmarks/results/act_and_mul_<card>.json]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import rel_err, run_info  # noqa: E402
+from _common import default_out, rel_err, run_info  # noqa: E402
 from _common import copy_bandwidth as _copy_bandwidth  # noqa: E402
 
 DEVICE = "cuda"
@@ -186,13 +186,13 @@ def print_table(report: dict) -> None:
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "act_and_mul_h200.json")
+    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/act_and_mul_<card>.json")
     p.add_argument("--rows", type=int, default=ROWS, help=f"rows of the input (default {ROWS})")
     p.add_argument("--d", type=int, default=D, help=f"output width; the input is 2d wide (default {D})")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("[bench] needs a CUDA GPU")
-    run(a.out, a.rows, a.d)
+    run(a.out or default_out("act_and_mul"), a.rows, a.d)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ version=1)``, from the Hub cache in KERNELS_CACHE (default .hub-cache/ next to t
 repository), offline unless HF_HUB_OFFLINE says otherwise.
 
 Usage:
-    python benchmarks/bench_decode.py [--out benchmarks/results/decode_h200.json] [--sweep-configs]
+    python benchmarks/bench_decode.py [--out benchmarks/results/decode_<card>.json] [--sweep-configs]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import rel_err, run_info  # noqa: E402
+from _common import default_out, rel_err, run_info  # noqa: E402
 from _common import copy_bandwidth as _copy_bandwidth  # noqa: E402
 
 DEVICE = "cuda"
@@ -438,7 +438,7 @@ def print_summary(report: dict) -> None:
 
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "decode_h200.json")
+    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/decode_<card>.json")
     p.add_argument("--cases", nargs="*", default=None, help="subset of case names")
     p.add_argument("--timings", nargs="*", default=["events", "graph"], choices=["events", "graph"])
     p.add_argument("--no-crossover", action="store_true", help="skip the M sweep")
@@ -447,6 +447,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("[bench] needs a CUDA GPU")
+    a.out = a.out or default_out("decode")
     run(a)
 
 

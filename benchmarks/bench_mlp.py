@@ -43,10 +43,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import graphed, module_version, rel_err, run_info  # noqa: E402
+from _common import default_out, graphed, module_version, rel_err, run_info  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_forward_h200.json"
 REAL_PEERS = ("eager", "compile", "liger")
 PEERS = REAL_PEERS + ("gemms_only",)
 GRAPH_MAX_M = 128
@@ -598,7 +596,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default=None, help="comma-separated substrings of case names (e.g. swiglu,geglu_m8192)")
     p.add_argument("--quick", action="store_true", help="bf16 cases only, shorter timing")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON results (default benchmarks/results/mlp_forward_<card>.json, e.g. _h200)")
     p.add_argument("--plot", type=Path, default=None, help="PNG path (default: --out with .png)")
     p.add_argument("--repo-id", default="org/fused-mlp")
     p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")
@@ -630,6 +629,7 @@ def main() -> None:
         p.error("--repeats must be >= 1")
     if args.placements < 1:
         p.error("--placements must be >= 1")
+    args.out = args.out or default_out("mlp_forward", args.device)
     res = run(args)
     print_table(res)
     for k, v in res["down_choice"].items():

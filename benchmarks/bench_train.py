@@ -75,12 +75,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("KERNELS_CACHE", str(ROOT / ".hub-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _common import graphed, module_version, rel_err, run_info  # noqa: E402  (same directory)
+from _common import default_out, graphed, module_version, rel_err, run_info  # noqa: E402  (same directory)
 import bench_mlp  # noqa: E402
 from bench_mlp import Case as ForwardCase  # noqa: E402
 from bench_mlp import Timer, ceilings, eager_gated, eager_mlp, load_liger  # noqa: E402
 
-DEFAULT_OUT = ROOT / "benchmarks" / "results" / "mlp_train_h200.json"
 PEERS = ("eager", "compile", "liger")
 MEM_KEYS = ("ours", "ours_recompute") + PEERS
 TOL = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-4}
@@ -570,7 +569,8 @@ def main() -> None:
     p.add_argument("--variants", action="store_true", help="also time our backward's alternatives (see above)")
     p.add_argument("--graph", action="store_true", help="also time each step as a CUDA-graph replay (see above)")
     p.add_argument("--profile", action="store_true", help="also list each step's GPU kernels (see above)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON results (default benchmarks/results/mlp_train_<card>.json, e.g. _h200)")
     p.add_argument("--repo-id", default="org/fused-mlp")
     p.add_argument("--skip-peers", default="", help="comma-separated: compile, liger")
     p.add_argument("--repeats", type=int, default=1,
@@ -586,6 +586,7 @@ def main() -> None:
     args = p.parse_args()
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    args.out = args.out or default_out("mlp_train", args.device)
     res = run(args)
     print_table(res)
     args.out.parent.mkdir(parents=True, exist_ok=True)

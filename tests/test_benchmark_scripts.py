@@ -523,3 +523,29 @@ def test_down_stream_refuses_an_unknown_gemm_mode_before_touching_the_gpu():
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "--modes: unknown ['quadd']" in r.stderr
+
+
+@pytest.mark.parametrize("name,tag", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                      ("NVIDIA A100-SXM4-80GB", "a100"), ("", "gpu")])
+def test_gpu_session_names_result_files_after_the_card(name, tag):
+    """gpu_session.sh names its result files after the card nvidia-smi reports (the device tool
+    may lend an H100 where an H200 was asked for); its gpu_tag function, run on its own."""
+    script = (ROOT / "tools" / "gpu_session.sh").read_text()
+    (line,) = [s for s in script.splitlines() if s.startswith("gpu_tag() ")]
+    r = subprocess.run(["bash", "-c", line + '\ngpu_tag "$1"', "_", name], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == tag, r.stdout + r.stderr
+    assert '"$OUT/mlp_forward_${GPU_TAG}.json"' in script and "_h200." not in script
+
+
+def test_benchmarks_default_result_files_are_named_after_the_card(monkeypatch):
+    """bench_mlp / bench_train / bench_act_and_mul / bench_decode write, by default, to
+    results/<stem>_<card>.json (the same names as gpu_session.sh's), `cpu` for a dry run."""
+    common = _load("common_out_under_test", BENCH / "_common.py")
+    assert common.gpu_tag("NVIDIA H100 80GB HBM3") == "h100" and common.gpu_tag("NVIDIA H200") == "h200"
+    assert common.gpu_tag("") == "gpu"
+    assert common.default_out("mlp_forward", "cpu") == BENCH / "results" / "mlp_forward_cpu.json"
+    monkeypatch.setattr(common.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(common.torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert common.default_out("decode").name == "decode_h100.json"
+    for script in ("bench_mlp", "bench_train", "bench_act_and_mul", "bench_decode"):
+        assert "_h200.json" not in (BENCH / f"{script}.py").read_text(), script

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU session on the device machine (an H200 with torch preinstalled, no network):
+# One GPU session on the device machine (an H200 or H100 with torch preinstalled, no network):
 # install the carried wheels, build the variant for the machine's torch, stage it,
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
@@ -9,7 +9,8 @@
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
 #   MATRIX_ARGS / MATRIX_TESTS, ALLOC_REGIME_LAYOUTS / ALLOC_REGIME_RUNS / ALLOC_REGIME_ARGS,
-#   DOWN_CHECK_TIMEOUT (micro-down: seconds per form's check, default 90)
+#   DOWN_CHECK_TIMEOUT (micro-down: seconds per form's check, default 90),
+#   GPU_TAG (the result files' card name; default from nvidia-smi: h200, h100, ...)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,10 +24,16 @@ export KERNELS_CACHE="$ROOT/.hub-cache" HF_HUB_OFFLINE=1 CUDA_HOME="${CUDA_HOME:
 export TRITON_CACHE_DIR="$ROOT/.triton-cache" TORCHINDUCTOR_CACHE_DIR="$ROOT/.inductor-cache"
 
 step() { echo "=== $1 ($(date +%T))" | tee -a "$LOG"; }
+# "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200; "gpu" where no model number shows.
+gpu_tag() { local t; t=$(echo "$1" | tr 'A-Z' 'a-z' | grep -oE '\b[a-z]+[0-9]{2,4}[a-z]?\b' | head -1); echo "${t:-gpu}"; }
 has() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 step "setup: ${STEPS[*]}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv 2>&1 | tee -a "$LOG"
+# Result files are named after the card they were measured on (h200, h100, ...): the device
+# tool may lend an H100 where an H200 was asked for, and a file must not say otherwise.
+GPU_TAG="${GPU_TAG:-$(gpu_tag "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)")}"
+echo "result files: *_${GPU_TAG}.*" | tee -a "$LOG"
 if ! $PY -c "import kernels, liger_kernel" 2>/dev/null; then
   # kernels and liger-kernel are not in the image; their dependencies are.
   $PY -m pip install -q --no-deps --no-index .wheels/kernels-*.whl .wheels/liger_kernel-*.whl .wheels/tomlkit-*.whl 2>&1 | tail -2 | tee -a "$LOG"
@@ -87,31 +94,31 @@ if has test-gpu; then
 fi
 if has bench-act; then
   step bench-act
-  $PY benchmarks/bench_act_and_mul.py --out "$OUT/act_and_mul_h200.json" 2>&1 | tail -25 | tee -a "$LOG"
+  $PY benchmarks/bench_act_and_mul.py --out "$OUT/act_and_mul_${GPU_TAG}.json" 2>&1 | tail -25 | tee -a "$LOG"
 fi
 if has micro-act; then
   # Layout variants of silu_and_mul as a standalone CUDA program (benchmarks/micro/).
   step micro-act
   nvcc -O3 -std=c++17 -arch=sm_90 -o "$ROOT/.amv" benchmarks/micro/act_and_mul_variants.cu 2>&1 | tail -5 | tee -a "$LOG"
-  "$ROOT/.amv" > "$OUT/act_and_mul_variants_h200.txt" 2>&1
-  cat "$OUT/act_and_mul_variants_h200.txt" | tee -a "$LOG"
+  "$ROOT/.amv" > "$OUT/act_and_mul_variants_${GPU_TAG}.txt" 2>&1
+  cat "$OUT/act_and_mul_variants_${GPU_TAG}.txt" | tee -a "$LOG"
 fi
 if has micro-gemm; then
   # Our Triton GEMM kernels in every config and epilogue variant against cuBLAS.
   step "micro-gemm ${MICRO_GEMM_ARGS:-}"
-  $PY benchmarks/micro/gemm_variants.py --out "$OUT/gemm_variants_h200.json" ${MICRO_GEMM_ARGS:-} > "$OUT/gemm_variants_h200.txt" 2>&1
-  grep -E "best|Traceback|Error" "$OUT/gemm_variants_h200.txt" | tail -20 | tee -a "$LOG"
+  $PY benchmarks/micro/gemm_variants.py --out "$OUT/gemm_variants_${GPU_TAG}.json" ${MICRO_GEMM_ARGS:-} > "$OUT/gemm_variants_${GPU_TAG}.txt" 2>&1
+  grep -E "best|Traceback|Error" "$OUT/gemm_variants_${GPU_TAG}.txt" | tail -20 | tee -a "$LOG"
 fi
 if has micro-lt; then
   # The plain MLP's first GEMM with cuBLASLt's bias + activation epilogue against ours.
   step micro-lt
-  $PY benchmarks/micro/lt_epilogue.py --out "$OUT/lt_epilogue_h200.json" 2>&1 | tail -30 | tee -a "$LOG"
+  $PY benchmarks/micro/lt_epilogue.py --out "$OUT/lt_epilogue_${GPU_TAG}.json" 2>&1 | tail -30 | tee -a "$LOG"
 fi
 if has micro-sm90; then
   # The sm_90a kernels against Triton and cuBLAS: checks against float64, then timings.
   step "micro-sm90 ${MICRO_SM90_ARGS:-}"
-  $PY benchmarks/micro/sm90_gate_up.py --out "$OUT/sm90_gate_up_h200.json" ${MICRO_SM90_ARGS:-} > "$OUT/sm90_gate_up_h200.txt" 2>&1
-  grep -E "^\[sm90\] (checks|[a-z_0-9]+: )|FAIL|Traceback|Error" "$OUT/sm90_gate_up_h200.txt" | tail -20 | tee -a "$LOG"
+  $PY benchmarks/micro/sm90_gate_up.py --out "$OUT/sm90_gate_up_${GPU_TAG}.json" ${MICRO_SM90_ARGS:-} > "$OUT/sm90_gate_up_${GPU_TAG}.txt" 2>&1
+  grep -E "^\[sm90\] (checks|[a-z_0-9]+: )|FAIL|Traceback|Error" "$OUT/sm90_gate_up_${GPU_TAG}.txt" | tail -20 | tee -a "$LOG"
 fi
 if has micro-down; then
   # Session 48's probe: a one-kernel down GEMM's memory side and the GEMM itself at M 128
@@ -135,32 +142,32 @@ if has micro-down; then
     grep -E "^\[gemm check\]|Error|WRONG" "$ROOT/.probe/check.txt" | tail -8 | tee -a "$LOG"
     [ $rc -eq 0 ] && modes="$modes${modes:+,}$md"
   done
-  timeout 300 $PY benchmarks/micro/down_stream.py --modes "$modes" --out "$OUT/down_stream_h200.json" > "$OUT/down_stream_h200.txt" 2>&1
+  timeout 300 $PY benchmarks/micro/down_stream.py --modes "$modes" --out "$OUT/down_stream_${GPU_TAG}.json" > "$OUT/down_stream_${GPU_TAG}.txt" 2>&1
   echo "down_stream.py exit $?" | tee -a "$LOG"
-  grep -E "^\[(check|gemm check|occupancy|stream|verdict)\]|Traceback|Error" "$OUT/down_stream_h200.txt" | tail -70 | tee -a "$LOG"
+  grep -E "^\[(check|gemm check|occupancy|stream|verdict)\]|Traceback|Error" "$OUT/down_stream_${GPU_TAG}.txt" | tail -70 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead
-  $PY benchmarks/host_overhead.py --out "$OUT/host_overhead_h200.txt" ${HOST_OVERHEAD_ARGS:-} 2>&1 | head -150 | tee -a "$LOG"
+  $PY benchmarks/host_overhead.py --out "$OUT/host_overhead_${GPU_TAG}.txt" ${HOST_OVERHEAD_ARGS:-} 2>&1 | head -150 | tee -a "$LOG"
 fi
 if has bench-decode; then
   step bench-decode
-  $PY benchmarks/bench_decode.py --out "$OUT/decode_h200.json" 2>&1 | tail -45 | tee -a "$LOG"
+  $PY benchmarks/bench_decode.py --out "$OUT/decode_${GPU_TAG}.json" 2>&1 | tail -45 | tee -a "$LOG"
 fi
 if has bench-mlp; then
   # the record's form (README): 4 placements of each case's inputs, 3 interleaved rounds each
   BENCH_MLP_ARGS="${BENCH_MLP_ARGS:---placements 4 --repeats 3 --alternate-ms 1000}"
   step "bench-mlp $BENCH_MLP_ARGS"
-  $PY benchmarks/bench_mlp.py --out "$OUT/mlp_forward_h200.json" $BENCH_MLP_ARGS 2>&1 | tail -45 | tee -a "$LOG"
+  $PY benchmarks/bench_mlp.py --out "$OUT/mlp_forward_${GPU_TAG}.json" $BENCH_MLP_ARGS 2>&1 | tail -45 | tee -a "$LOG"
 fi
 if has bench-train; then
   step bench-train
-  $PY benchmarks/bench_train.py --out "$OUT/mlp_train_h200.json" ${BENCH_TRAIN_ARGS:-} > "$OUT/bench_train.txt" 2>&1
+  $PY benchmarks/bench_train.py --out "$OUT/mlp_train_${GPU_TAG}.json" ${BENCH_TRAIN_ARGS:-} > "$OUT/bench_train.txt" 2>&1
   grep -v "^\[profile\]" "$OUT/bench_train.txt" | tail -30 | tee -a "$LOG"
 fi
 if has mem-trace; then
   step "mem-trace ${MEM_TRACE_ARGS:-}"
-  $PY benchmarks/memory_trace.py --out "$OUT/memory_trace_h200.txt" ${MEM_TRACE_ARGS:-} 2>&1 | tail -60 | tee -a "$LOG"
+  $PY benchmarks/memory_trace.py --out "$OUT/memory_trace_${GPU_TAG}.txt" ${MEM_TRACE_ARGS:-} 2>&1 | tail -60 | tee -a "$LOG"
 fi
 if has kernel-config; then
   # transformers' KernelConfig route needs a transformers that accepts the installed kernels
@@ -178,8 +185,8 @@ if has kernel-config; then
 fi
 if has profile; then
   step profile
-  $PY benchmarks/profile_post.py --out-dir "$OUT/traces" > "$OUT/profile_post_h200.txt" 2>&1
-  tail -40 "$OUT/profile_post_h200.txt" | tee -a "$LOG"
+  $PY benchmarks/profile_post.py --out-dir "$OUT/traces" > "$OUT/profile_post_${GPU_TAG}.txt" 2>&1
+  tail -40 "$OUT/profile_post_${GPU_TAG}.txt" | tee -a "$LOG"
   # one archive: the device tool brings back only a few files per call
   tar czf "$OUT/profile_post_traces.tar.gz" -C "$OUT" traces && rm -rf "$OUT/traces"
 fi
