@@ -478,7 +478,10 @@ def test_gradient_checkpointing(fused_mlp):
     patched = copy.deepcopy(base)
     fused_mlp.mapping.kernelize(patched, mode=Mode.TRAINING, device="cpu")
     for m in (base, patched):
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5.24's name
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+        else:  # the older name, deprecated since (removed in v6)
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
         m.enable_input_require_grads()
     _, g_ref = _train_step(base, ids())
     _, g = _train_step(patched, ids())
