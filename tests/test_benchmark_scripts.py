@@ -529,10 +529,12 @@ def test_down_stream_refuses_an_unknown_gemm_mode_before_touching_the_gpu():
                                       ("NVIDIA A100-SXM4-80GB", "a100"), ("", "gpu")])
 def test_gpu_session_names_result_files_after_the_card(name, tag):
     """gpu_session.sh names its result files after the card nvidia-smi reports (the device tool
-    may lend an H100 where an H200 was asked for); its gpu_tag function, run on its own."""
+    may lend an H100 where an H200 was asked for), by the scripts' rule (_common.gpu_tag); its
+    gpu_tag function, run on its own."""
     script = (ROOT / "tools" / "gpu_session.sh").read_text()
     (line,) = [s for s in script.splitlines() if s.startswith("gpu_tag() ")]
-    r = subprocess.run(["bash", "-c", line + '\ngpu_tag "$1"', "_", name], capture_output=True, text=True)
+    r = subprocess.run(["bash", "-c", f"PY={sys.executable}\n" + line + '\ngpu_tag "$1"', "_", name],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == tag, r.stdout + r.stderr
     assert '"$OUT/mlp_forward_${GPU_TAG}.json"' in script and "_h200." not in script
 

@@ -24,8 +24,9 @@ export KERNELS_CACHE="$ROOT/.hub-cache" HF_HUB_OFFLINE=1 CUDA_HOME="${CUDA_HOME:
 export TRITON_CACHE_DIR="$ROOT/.triton-cache" TORCHINDUCTOR_CACHE_DIR="$ROOT/.inductor-cache"
 
 step() { echo "=== $1 ($(date +%T))" | tee -a "$LOG"; }
+# A card's name as the result files carry it (benchmarks/_common.gpu_tag, the scripts' own rule):
 # "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200; "gpu" where no model number shows.
-gpu_tag() { local t; t=$(echo "$1" | tr 'A-Z' 'a-z' | grep -oE '\b[a-z]+[0-9]{2,4}[a-z]?\b' | head -1); echo "${t:-gpu}"; }
+gpu_tag() { $PY -c 'import sys; sys.path.insert(0, "benchmarks"); from _common import gpu_tag; print(gpu_tag(sys.argv[1]))' "$1" 2>/dev/null || echo gpu; }
 has() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 step "setup: ${STEPS[*]}"
