@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -523,6 +524,24 @@ def test_down_stream_refuses_an_unknown_gemm_mode_before_touching_the_gpu():
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "--modes: unknown ['quadd']" in r.stderr
+
+
+def test_down_stream_diag_forms_are_launched_by_the_probe():
+    """--diag's forms (session 51) pass GemmDiag bits to down_gemm_launch, which returns -1 for a
+    value its switch has no kernel for (a failed run on the device, not a wrong row): every value
+    the script passes has a case, and the bits the script names are the .cu's."""
+    ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
+    src = (BENCH / "micro" / "down_stream.cu").read_text()
+    bits = dict(re.findall(r"(kDiag\w+) = (\d+)", src.split("enum GemmDiag", 1)[1].split("};", 1)[0]))
+    assert bits == {"kDiagNoMma": "1", "kDiagNoFinish": "2", "kDiagWait0": "4"}
+    switch = src.split("switch (diag)", 1)[1].split("default:", 1)[0]
+    cases = set()
+    for expr in re.findall(r"case ([^:]+):", switch):
+        cases.add(eval(expr, {k: int(v) for k, v in bits.items()}))  # "kDiagNoMma | kDiagNoFinish" -> 3
+    for name, (stages, diag, right) in ds.DIAG_FORMS.items():
+        assert diag in cases, name
+        assert 2 <= stages <= 9, name  # the launch's own range
+        assert right == (diag in (0, 4)), name  # only these two keep the result
 
 
 @pytest.mark.parametrize("name,tag", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),

@@ -4,7 +4,7 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 micro-down host-overhead bench-mlp bench-decode bench-train
+#   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 micro-down micro-down-diag host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix demo alloc-regime
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
@@ -121,14 +121,25 @@ if has micro-sm90; then
   $PY benchmarks/micro/sm90_gate_up.py --out "$OUT/sm90_gate_up_${GPU_TAG}.json" ${MICRO_SM90_ARGS:-} > "$OUT/sm90_gate_up_${GPU_TAG}.txt" 2>&1
   grep -E "^\[sm90\] (checks|[a-z_0-9]+: )|FAIL|Traceback|Error" "$OUT/sm90_gate_up_${GPU_TAG}.txt" | tail -20 | tee -a "$LOG"
 fi
-if has micro-down; then
-  # Session 48's probe: a one-kernel down GEMM's memory side and the GEMM itself at M 128
-  # (benchmarks/micro/down_stream.cu) beside cuBLAS; needs a staged build (stage or build).
-  step micro-down
+build_down_probe() {
   mkdir -p "$ROOT/.probe"
   "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
     -Ikernel_src/common -Ikernel_src/cuda -Ibenchmarks/micro -Xcompiler -fPIC -shared \
     -o "$ROOT/.probe/libdown_stream.so" benchmarks/micro/down_stream.cu 2>&1 | grep -E "error" | tee -a "$LOG"
+}
+if has micro-down-diag; then
+  # Session 51: the pair form's diagnostic variants (down_stream.py --diag), alone; needs a staged build.
+  step micro-down-diag
+  build_down_probe
+  timeout 240 $PY benchmarks/micro/down_stream.py --diag --out "$OUT/down_diag_${GPU_TAG}.json" > "$OUT/down_diag_${GPU_TAG}.txt" 2>&1
+  echo "down_stream.py --diag exit $?" | tee -a "$LOG"
+  grep -E "^\[(gemm check|check|stream)\]|Traceback|Error" "$OUT/down_diag_${GPU_TAG}.txt" | tail -40 | tee -a "$LOG"
+fi
+if has micro-down; then
+  # Session 48's probe: a one-kernel down GEMM's memory side and the GEMM itself at M 128
+  # (benchmarks/micro/down_stream.cu) beside cuBLAS; needs a staged build (stage or build).
+  step micro-down
+  build_down_probe
   # Each GEMM form is checked first in a process of its own with a short timeout (none has run
   # on a GPU before session 49's call: a cluster kernel that deadlocks must not cost the others'
   # timings); the timed run takes the forms that passed, and is bounded too.

@@ -155,6 +155,13 @@ constexpr int kGemmThreads = 160;
 constexpr uint32_t kGemmW = 64 * 128, kGemmH = 128 * 128, kGemmStage = kGemmW + kGemmH;
 constexpr int kOutStride = 72;  // bf16 per staged row (64 + 8: rows 144 bytes apart, 16-byte aligned)
 enum GemmMode { kPair = 0, kGlobal = 1, kQuad = 2 };  // see above
+// Diagnostic variants of the pair form (session 51: where do the GEMM's ~6 us over its own
+// stream go?), bits of the template argument kDiag; only kDiagWait0 keeps the result right.
+//   kDiagNoMma     no wgmma: the ring with the GEMM's release lag, the hand-off and the stores
+//   kDiagNoFinish  no hand-off and no stores (a cluster barrier in their place)
+//   kDiagWait0     each stage freed as soon as its own MMAs retire (wgmma_wait<0>), instead of
+//                  when the next stage's MMAs are issued and this one's retired (wait<1>)
+enum GemmDiag { kDiagNoMma = 1, kDiagNoFinish = 2, kDiagWait0 = 4 };
 
 #if defined(FUSED_MLP_SM90_DEVICE)
 // The K loop's end for the CTA that finishes the accumulator registers [Keep, Keep + 32) (tokens
@@ -227,7 +234,7 @@ __device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8
 
 #endif
 
-template <int kMode>
+template <int kMode, int kDiag = 0>
 __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid_constant__ CUtensorMap mw,
                                                                     const __grid_constant__ CUtensorMap mh, GemmCfg c,
                                                                     __nv_bfloat16* y) {
@@ -298,10 +305,17 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
       const uint8_t* st = smem + size_t(s) * kGemmStage;
       const uint64_t da = smem_desc(st), db = smem_desc(st + kGemmW);
       wgmma_fence();
+      if constexpr (!(kDiag & kDiagNoMma)) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) mma<__nv_bfloat16, 128, false>(acc, da + 2 * kk, db + 2 * kk, 1u);
+        for (int kk = 0; kk < 4; ++kk) mma<__nv_bfloat16, 128, false>(acc, da + 2 * kk, db + 2 * kk, 1u);
+      }
       wgmma_commit();
       fence_regs(acc);
+      if constexpr (kDiag & kDiagWait0) {
+        wgmma_wait<0>();
+        if (tid == 0) bar_arrive(&empty[s]);
+        continue;
+      }
       wgmma_wait<1>();
       if (i > 0 && tid == 0) {
         bar_arrive(&empty[(i - 1) % c.stages]);
@@ -313,7 +327,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
     // The ring is idle (every stage landed and was read): the hand-off goes over it.
     asm volatile("bar.sync 1, 128;\nfence.proxy.async.shared::cta;" ::: "memory");
     constexpr unsigned kPeer = kMode == kQuad ? 2u : 1u;  // the other K part's rank
-    if constexpr (kMode == kGlobal) {
+    if constexpr (kDiag & kDiagNoFinish) {
+      // the registers still feed a store that never happens (M >= 1), else the compiler drops the MMAs
+      float t = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) t += acc[i];
+      if (c.M < 0) y[tid] = __float2bfloat16_rn(t);
+      cluster_sync();  // the hand-off's cluster barrier, with nothing handed off
+    } else if constexpr (kMode == kGlobal) {
       gemm_finish_global(acc, smem, c, y, rowblock, part, tid);
     } else if (part == 0) {
       gemm_finish<0, kPeer>(acc, smem, c, y, n0, tid);
@@ -392,16 +413,26 @@ extern "C" int down_stream_launch(void* w, void* h, int n, int k, int rb, int pa
 // for the multicast forms), k a multiple of 8 (two K parts of at least one step each). mode: a
 // GemmMode. Returns 0, or -1 for what it does not take.
 // ws / counts: kGlobal's workspace (GemmCfg; counts zeroed once by the caller), else null.
+// diag: GemmDiag bits (the pair form only; 0 is the GEMM itself).
 extern "C" int down_gemm_launch(void* w, void* h, void* y, int m, int n, int k, int64_t ldy, int stages, int pdl,
-                                int mode, float* ws, int* counts, cudaStream_t stream) {
+                                int mode, float* ws, int* counts, int diag, cudaStream_t stream) {
   const bool mcast = mode != kPair;
   if (m < 1 || m > 128 || n % (mcast ? 128 : 64) || k % 8 || k < 128 || stages < 2 || stages > 9) return -1;
   if (mode < kPair || mode > kQuad || ((mode == kGlobal) != (ws != nullptr && counts != nullptr))) return -1;
   const CUtensorMap mw = map2d(w, k, n, 64), mh = map2d(h, k, m, mcast ? 64 : 128);
   const GemmCfg c{m, n, k, ldy, stages, pdl, ws, counts};
   const int smem = stages * int(kGemmStage) + 16 * stages;
-  auto kernel = mode == kPair ? down_gemm_kernel<kPair> : mode == kGlobal ? down_gemm_kernel<kGlobal>
-                                                                          : down_gemm_kernel<kQuad>;
+  if (diag && mode != kPair) return -1;
+  decltype(&down_gemm_kernel<kPair>) kernel = nullptr;
+  switch (diag) {
+    case 0: kernel = mode == kPair ? down_gemm_kernel<kPair> : mode == kGlobal ? down_gemm_kernel<kGlobal>
+                                                                               : down_gemm_kernel<kQuad>; break;
+    case kDiagNoMma: kernel = down_gemm_kernel<kPair, kDiagNoMma>; break;
+    case kDiagNoFinish: kernel = down_gemm_kernel<kPair, kDiagNoFinish>; break;
+    case kDiagNoMma | kDiagNoFinish: kernel = down_gemm_kernel<kPair, kDiagNoMma | kDiagNoFinish>; break;
+    case kDiagWait0: kernel = down_gemm_kernel<kPair, kDiagWait0>; break;
+    default: return -1;
+  }
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(n / 64 * 2));

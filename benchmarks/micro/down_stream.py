@@ -29,6 +29,12 @@ reduce), beside what the op runs today, in one process:
   op_kernel[4]     M 128) and with =kernel [=kernel4] (down_gemm_sm90): the A/B that decides
                    the branch
 
+--diag (session 51) times only the pair form's diagnostic variants beside the GEMM and its
+stream, alone (no op context), to split the GEMM's time over its stream: g_s9 (9 stages),
+g_s8_wait0 (a stage freed when its own MMAs retire), and, with wrong results on purpose,
+g_s8_nomma (no MMAs), g_s8_nofinish (no hand-off, no stores), g_s8_nomma_nofinish. The two
+whose results are right are checked against fp64 first.
+
 --verdict F reads a results file of this script and says (exit status 0 / 1) whether op_kernel
 or op_kernel4 beats op_split2 by at least --margin-us in both evictions (no GPU needed).
 
@@ -41,6 +47,7 @@ default all); --check-only runs their checks and stops (gpu_session.sh checks ea
 process of its own first, so that one that hangs costs only its own timeout).
 
     python3 benchmarks/micro/down_stream.py [--lib .probe/libdown_stream.so] [--out F] [--modes pair,quad]
+    python3 benchmarks/micro/down_stream.py --diag [--out F]
     python3 benchmarks/micro/down_stream.py --verdict F [--margin-us 0.5]
 """
 
@@ -136,6 +143,35 @@ def check_gemms(modes: list, gemm, pkg, counts) -> dict:
     return errors
 
 
+# --diag: the pair form's variants (down_stream.cu's GemmDiag bits) -> (stages, diag, result right)
+DIAG_FORMS = {"g_s9": (9, 0, True), "g_s8_wait0": (8, 4, True), "g_s8_nomma": (8, 1, False),
+              "g_s8_nofinish": (8, 2, False), "g_s8_nomma_nofinish": (8, 3, False)}
+
+
+def check_diag(gemm) -> dict:
+    """The diagnostic variants whose result is right, against fp64 (poisoned output, two shapes)."""
+    errors = {}
+    for mm, nn, kk in CHECK_SHAPES[:3]:
+        gen = torch.Generator(device="cuda").manual_seed(mm * 7 + nn + kk)
+        hh = torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(nn, kk, device="cuda", dtype=torch.bfloat16, generator=gen) * kk**-0.5
+        exact = hh.double() @ w.double().t()
+        base = rel_err(F.linear(hh, w), exact)
+        for name, (stages, diag, right) in DIAG_FORMS.items():
+            if not right:
+                continue
+            y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemm(hh, w, y, stages, False, "pair", diag)()
+            torch.cuda.synchronize()
+            err = errors[(mm, nn, kk, name)] = rel_err(y, exact)
+            ok = bool(torch.isfinite(y).all()) and err <= 2 * base + 1e-3
+            print(f"[gemm check] {name} M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} (F.linear {base:.2e}): "
+                  f"{'ok' if ok else 'WRONG'}", flush=True)
+            if not ok:
+                raise SystemExit(f"{name} is wrong; no timing")
+    return errors
+
+
 VERDICT_FORMS = tuple(f"op_{value}" for _, value in PKG_FORMS.values())  # op_kernel, op_kernel4
 
 
@@ -172,6 +208,7 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES),
                     help=f"comma-separated GEMM forms to check and time (default all: {','.join(MODES)})")
     ap.add_argument("--check-only", action="store_true", help="only check the --modes forms against fp64")
+    ap.add_argument("--diag", action="store_true", help="time only the pair form's diagnostic variants")
     args = ap.parse_args()
     if args.verdict is not None:
         ok, text = verdict(json.loads(Path(args.verdict).read_text())["rows"], args.margin_us)
@@ -190,12 +227,12 @@ def measure(args, modes: list) -> None:
     lib.down_stream_ceiling.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.down_stream_max_clusters.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.down_gemm_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_int64]
-                                     + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3)
+                                     + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int, ctypes.c_void_p])
     # the global form's workspace: partial tiles and arrival counts (zero between launches)
     ws = torch.empty(4096 // 64 * 2 * 64 * 128, device="cuda", dtype=torch.float32)
     counts = torch.zeros(4096 // 64, device="cuda", dtype=torch.int32)
 
-    def gemm(hh, w, y, stages, pdl, mode="pair"):
+    def gemm(hh, w, y, stages, pdl, mode="pair", diag=0):
         glob = mode == "global"
         if glob and w.shape[0] > 4096:
             raise ValueError(f"the global form's workspace holds N <= 4096, got {w.shape[0]}")
@@ -204,9 +241,9 @@ def measure(args, modes: list) -> None:
             rc = lib.down_gemm_launch(w.data_ptr(), hh.data_ptr(), y.data_ptr(), hh.shape[0], w.shape[0],
                                       hh.shape[1], y.stride(0), stages, int(pdl), GEMM_MODES[mode],
                                       ws.data_ptr() if glob else None, counts.data_ptr() if glob else None,
-                                      torch.cuda.current_stream().cuda_stream)
+                                      diag, torch.cuda.current_stream().cuda_stream)
             if rc != 0:
-                raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}, mode {mode}")
+                raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}, mode {mode}, diag {diag}")
         return run
 
     (fm,) = local_package()
@@ -214,7 +251,11 @@ def measure(args, modes: list) -> None:
     if pkg is None and set(modes) & set(PKG_FORMS):
         print("[gemm check] this build has no down_gemm_sm90: the pkg forms are left out", flush=True)
         modes = [md for md in modes if md not in PKG_FORMS]
+    if args.diag:
+        modes = ["pair"]
     errors = check_gemms(modes, gemm, pkg, counts)
+    if args.diag:
+        errors.update(check_diag(gemm))
     if args.check_only:
         return
     act = fm.activations.ACTIVATION_IDS["silu"]
@@ -250,7 +291,7 @@ def measure(args, modes: list) -> None:
                                                    torch.cuda.current_stream().cuda_stream),
     }
     checks = {}
-    for cfg in CONFIGS:
+    for cfg in CONFIGS[:2] if args.diag else CONFIGS:
         run = stream(h, *cfg)
         sink.zero_()
         run()
@@ -261,6 +302,12 @@ def measure(args, modes: list) -> None:
         forms[name_of(*cfg)] = run
 
     yg = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    if args.diag:
+        forms["g_s8"] = gemm(h, wd, yg, 8, False)
+        for name, (stages, diag, _) in DIAG_FORMS.items():
+            forms[name] = gemm(h, wd, yg, stages, False, "pair", diag)
+        time_and_report(args, modes, forms, checks, errors, m)
+        return
     gemm_modes = [md for md in modes if md in GEMM_MODES]
     if "pair" in modes:
         forms["g_s6"] = gemm(h, wd, yg, 6, False)
@@ -322,6 +369,13 @@ def measure(args, modes: list) -> None:
         print(f"[gemm check] {name}: rel err vs the op's output {err:.2e}", flush=True)
         if not bool(torch.isfinite(y).all()) or err > 1e-2:
             raise SystemExit(f"{name} is wrong; no timing")
+    time_and_report(args, modes, replays, checks, errors, m, graphs=False)
+
+
+def time_and_report(args, modes: list, forms: dict, checks: dict, errors: dict, m: int, graphs: bool = True) -> None:
+    """Each form as a CUDA graph (unless already), interleaved under both evictions; rows printed
+    and written to --out with the verdict."""
+    replays = {name: graphed(f) for name, f in forms.items()} if graphs else forms
     rows = []
     for mode in ("fill", "read"):
         for name, (us, rounds) in interleaved_us(replays, mode, args.reps, args.rounds).items():
@@ -331,7 +385,8 @@ def measure(args, modes: list) -> None:
                   flush=True)
     write_report(args.out, rows, modes=modes,  # run_info gives the command line
                  gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}_{md}": e for (a, b, c, md), e in errors.items()})
-    print(f"[verdict] {verdict(rows, args.margin_us)[1]}", flush=True)
+    if not args.diag:
+        print(f"[verdict] {verdict(rows, args.margin_us)[1]}", flush=True)
 
 
 if __name__ == "__main__":
