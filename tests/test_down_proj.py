@@ -1,15 +1,17 @@
 """The block's second GEMM (triton_gemm.down_linear): F.linear, or K split by hand (a batched
-cuBLAS GEMM with fp32 partial sums, then _sum_parts_kernel) where that measures faster.
+cuBLAS GEMM with fp32 partial sums, then _sum_parts_kernel), or on sm_90a builds for M <= 128
+the one-kernel down_gemm_sm90, where that measures faster.
 
 FUSED_MLP_DOWN_SPLIT: "graphs" (the default: the timed choice in CUDA-graph captures, F.linear in
-eager calls), "auto" (the timed choice everywhere), "2" / "4" (forced where allowed), "0" (F.linear).
+eager calls), "auto" (the timed choice everywhere), "2" / "4" / "kernel" (forced where allowed),
+"0" (F.linear).
 
 CPU (always): the reduction kernel under Triton's interpreter, the switch's validation and modes,
 and that CPU problems never take the split form.
-GPU (@pytest.mark.gpu, sm_90): split_linear against float64 on awkward shapes and both weight
-layouts, the ops with the split forced, the timed choice and its cache, CUDA-graph capture (with
-the programmatic edge inside the graph; the default mode's split only there),
-torch.compile(fullgraph=True) and torch.compile(mode="reduce-overhead").
+GPU (@pytest.mark.gpu, sm_90): split_linear and down_gemm_sm90 against float64 on awkward shapes
+(and both weight layouts for the split), the ops with each form forced, the timed choice and its
+cache, CUDA-graph capture (with the programmatic edges inside the graph; the default mode's
+choice only there), torch.compile(fullgraph=True) and torch.compile(mode="reduce-overhead").
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import need_interpreter, poison_like, rel_err, spy
+from conftest import need_interpreter, need_sm90, poison_like, rel_err, spy
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
@@ -235,6 +237,74 @@ def test_device_time_sleeps_only_where_torch_can(tg, monkeypatch, has_sleep):
         assert 2e5 <= slept[0] <= 2**40
 
 
+def test_kernel_mode_and_the_one_kernel_form(tg, monkeypatch, fake_cuda):
+    """FUSED_MLP_DOWN_SPLIT=kernel forces the sm_90a one-kernel form (code _ONE_KERNEL) where
+    down_forms_allowed lists it, F.linear elsewhere; the timed choice can pick it like a split,
+    and down_linear runs it through sm90.down with the programmatic edge."""
+    h, w = torch.zeros(40, 64), torch.zeros(8, 64)
+    one = tg._ONE_KERNEL
+    assert one not in (1, *tg._SPLIT_PARTS)
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel")
+    monkeypatch.setattr(tg, "down_forms_allowed", lambda *a: (2, 4, one))
+    assert tg.down_parts(h, w, None) == one
+    monkeypatch.setattr(tg, "down_forms_allowed", lambda *a: (2, 4))
+    assert tg.down_parts(h, w, None) == 1
+    # timed: the one-kernel form fastest in every round
+    monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
+    monkeypatch.setattr(tg, "_DOWN_TIMES", {})
+    monkeypatch.setattr(tg, "_on_device", lambda t: contextlib.nullcontext())
+    fake = iter([1.0, 0.95, 0.97, 0.9] * tg._DOWN_ROUNDS)  # F.linear, 2, 4, one kernel
+    monkeypatch.setattr(tg, "_device_time_ms", lambda fn: next(fake))
+    assert tg._time_down_forms(h, w, None, (2, 4, one), ("bucket",)) == one
+    assert tg._DOWN_TIMES[("bucket",)] == {1: 1.0, 2: 0.95, 4: 0.97, one: 0.9}
+    # down_linear's dispatch of the form
+    ran = []
+    monkeypatch.setattr(tg._sm90, "down", lambda *a: ran.append(a) or "y")
+    monkeypatch.setattr(tg, "down_parts", lambda *a: one)
+    b = torch.zeros(8)
+    assert tg.down_linear(h, w, b) == "y"
+    assert len(ran) == 1 and ran[0][0] is h and ran[0][1] is w and ran[0][2] is b and ran[0][3] is True
+
+
+def test_down_forms_allowed_adds_the_one_kernel_form_where_usable(tg, monkeypatch):
+    monkeypatch.setattr(tg, "split_parts_allowed", lambda *a: (2,))
+    monkeypatch.setattr(tg._sm90, "down_usable", lambda *a: False)
+    h, w = torch.zeros(4, 64), torch.zeros(8, 64)
+    assert tg.down_forms_allowed(h, w, None) == (2,)
+    monkeypatch.setattr(tg._sm90, "down_usable", lambda *a: True)
+    assert tg.down_forms_allowed(h, w, None) == (2, tg._ONE_KERNEL)
+
+
+def test_sm90_down_usable_rule(tg, monkeypatch):
+    """The one-kernel form's rule (sm90.down_usable), with the build and the GPU faked: 16-bit,
+    0 < M <= 128, W [N, K] K-contiguous with N a multiple of 8, aligned rows, a matching bias,
+    not switched off; and never for CPU tensors."""
+    sm90 = tg._sm90
+    bf = torch.bfloat16
+    h, w, b = torch.zeros(128, 64, dtype=bf), torch.zeros(16, 64, dtype=bf), torch.zeros(16, dtype=bf)
+    assert not sm90.down_usable(h, w, b)  # CPU tensors
+    monkeypatch.setattr(sm90, "_HAS_DOWN_OP", True)
+    monkeypatch.setattr(sm90, "_device_ok", lambda index: True)
+    monkeypatch.setattr(sm90, "_index", lambda t: 0)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.delenv("FUSED_MLP_SM90", raising=False)
+    assert sm90.down_usable(h, w, b) and sm90.down_usable(h[:1], w, None)
+    assert not sm90.down_usable(torch.zeros(129, 64, dtype=bf), w, b)  # M > 128
+    assert not sm90.down_usable(h[:0], w, b)  # M = 0
+    assert not sm90.down_usable(h.float(), w.float(), None)  # fp32
+    assert not sm90.down_usable(h, w.half(), None)  # mixed dtypes
+    assert not sm90.down_usable(h, torch.zeros(12, 64, dtype=bf), None)  # N % 8
+    assert not sm90.down_usable(h, torch.zeros(16, 48, dtype=bf), None)  # K mismatch
+    assert not sm90.down_usable(h, w.t().contiguous().t(), None)  # W N-contiguous (Conv1D's view)
+    assert not sm90.down_usable(h[:, 1:], w[:, 1:], None)  # rows not 16-byte aligned
+    assert not sm90.down_usable(h, w, b.float())  # bias dtype
+    monkeypatch.setattr(sm90, "_HAS_DOWN_OP", False)
+    assert not sm90.down_usable(h, w, b)  # a build without the op
+    monkeypatch.setattr(sm90, "_HAS_DOWN_OP", True)
+    monkeypatch.setenv("FUSED_MLP_SM90", "0")
+    assert not sm90.down_usable(h, w, b)
+
+
 def test_interpreted_ops_reject_a_bad_switch(fused_mlp, monkeypatch):
     """The switch is read by the Triton path's down projection: a bad value is a clear error
     there too (here through the interpreter on CPU tensors)."""
@@ -382,9 +452,12 @@ def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch, mod
     args = (t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu")
     y = fused_mlp.gated_mlp(*args)
     n_first = len(timed)
-    assert n_first == 9  # F.linear and both split counts, 3 rounds
+    # F.linear and both split counts, and the one-kernel form where this build has it, 3 rounds
+    one_kernel = gpu_tg._sm90.down_usable(torch.empty(100, BIG_H, device="cuda", dtype=torch.bfloat16),
+                                          t["down_weight"], None)
+    assert n_first == 3 * (4 if one_kernel else 3)
     keys = _big_keys(gpu_tg)
-    assert len(keys) == 1 and gpu_tg._DOWN_CHOICE[keys[0]] in (1, 2, 4)
+    assert len(keys) == 1 and gpu_tg._DOWN_CHOICE[keys[0]] in (1, 2, 4, gpu_tg._ONE_KERNEL)
     y2 = fused_mlp.gated_mlp(*args)  # same bucket (M 97-128): no more timing
     assert len(timed) == n_first
     assert torch.equal(y, y2)
@@ -392,11 +465,14 @@ def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch, mod
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", ["auto", "graphs", "2"])
+@pytest.mark.parametrize("split", ["auto", "graphs", "2", "kernel"])
 def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
     """Captured in a CUDA graph: untimed, "auto" and "graphs" take F.linear and cache nothing; a
     forced split runs the batched GEMM and the reduction with its programmatic edge inside the
-    graph. The replay rewrites a poisoned output with the eager result."""
+    graph, the forced one-kernel form its kernel with a programmatic edge from the gate/up
+    kernel. The replay rewrites a poisoned output with the eager result."""
+    if split == "kernel":
+        _need_down_kernel(fused_mlp, gpu_tg)
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", split)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
     t = _big_gated(torch.bfloat16, 128, bias=True)
@@ -414,7 +490,7 @@ def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
     g.replay()
     torch.cuda.synchronize()
     assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.bfloat16]
-    if split == "2":
+    if split in ("2", "kernel"):
         assert torch.equal(y, eager)
 
 
@@ -483,3 +559,99 @@ def test_gpu_torch_compile_fullgraph(fused_mlp, gpu_tg, monkeypatch):
     y = f(t["x"])
     assert calls == [4]
     assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.float16]
+
+
+# ---- the one-kernel form (sm_90a: down_gemm_sm90)
+
+
+def _need_down_kernel(fm, tg):
+    need_sm90(fm)
+    if not tg._sm90._HAS_DOWN_OP:
+        pytest.skip("this build has no down_gemm_sm90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,n,k", [(1, 8, 64), (5, 136, 256), (77, 1000, 2048), (100, 72, 3000), (128, 64, 8),
+                                   (128, 4096, 14336)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_down_gemm_matches_float64(fused_mlp, gpu_tg, dtype, m, n, k, bias):
+    """down_gemm_sm90 on shapes that are not multiples of its tiles (N past the last 64-row
+    block, K past the last 64-column step, K with one step, M of 1 and under 128), into a
+    poisoned output: within F.linear's own error against float64 (both round an fp32 sum once);
+    the same bits on a second call and with the programmatic edge."""
+    _need_down_kernel(fused_mlp, gpu_tg)
+    h = _rand(m, k, dtype=dtype, device="cuda", seed=m)
+    w = _rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, seed=n)
+    b = _rand(n, dtype=dtype, device="cuda", scale=0.5, seed=3) if bias else None
+    exact = _exact(h, w, b)
+    lin = rel_err(F.linear(h, w, b).cpu(), exact)
+    outs = []
+    for pdl in (False, False, True):
+        out = poison_like(torch.empty(m, n, device="cuda", dtype=dtype))
+        fused_mlp.ops.down_gemm_sm90(out, h, w, b, pdl)
+        outs.append(out)
+    err = rel_err(outs[0].cpu(), exact)
+    assert err <= 1.25 * lin + 1e-4, (err, lin)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.gpu
+def test_gpu_down_gemm_refuses_what_it_does_not_take(fused_mlp, gpu_tg):
+    _need_down_kernel(fused_mlp, gpu_tg)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    op = fused_mlp.ops.down_gemm_sm90
+    h, w = torch.randn(128, 256, **bf), torch.randn(64, 256, **bf)
+    with pytest.raises(RuntimeError, match="at most 128 rows of h"):
+        op(torch.empty(129, 64, **bf), torch.randn(129, 256, **bf), w, None, False)
+    with pytest.raises(RuntimeError, match=r"weight must be \[N, K\]"):
+        op(torch.empty(128, 64, **bf), h, torch.randn(64, 128, **bf), None, False)
+    with pytest.raises(RuntimeError, match="bfloat16 or float16"):
+        op(torch.empty(128, 64, device="cuda"), h.float(), w.float(), None, False)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        op(torch.empty(128, 60, **bf), h, w[:60], None, False)
+    with pytest.raises(RuntimeError, match="out must be"):
+        op(torch.empty(128, 32, **bf), h, w, None, False)
+    with pytest.raises(RuntimeError, match="bias"):
+        op(torch.empty(128, 64, **bf), h, w, torch.randn(32, **bf), False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 77, 128, 129])
+def test_gpu_ops_with_the_one_kernel_form_forced(fused_mlp, gpu_tg, monkeypatch, m):
+    """gated_mlp and mlp (nn.Linear's layout, with biases; and Conv1D's, whose [N, K] view of
+    the weight is not K-contiguous) with FUSED_MLP_DOWN_SPLIT=kernel: the kernel where its rule
+    allows (M <= 128, K-contiguous weight), F.linear elsewhere; right either way."""
+    _need_down_kernel(fused_mlp, gpu_tg)
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel")
+    calls = spy(monkeypatch, gpu_tg._sm90, "down", lambda a: (a[0].shape[0], a[3]))
+    dtype = torch.bfloat16
+    t = _big_gated(dtype, m, bias=True)
+    y = fused_mlp.gated_mlp(t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu",
+                            down_bias=t["down_bias"])
+    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[dtype]
+    for layout in ("linear", "conv1d"):
+        fc, proj = t["gate_weight"], t["down_weight"]
+        if layout == "conv1d":
+            fc, proj = fc.t().contiguous(), proj.t().contiguous()
+        fc_b = _rand(BIG_H, dtype=dtype, device="cuda", scale=0.5, seed=5)
+        y = fused_mlp.mlp(t["x"], fc, fc_b, proj, t["down_bias"], "gelu_tanh", weight_layout=layout)
+        r = {k: v.double().cpu() for k, v in dict(x=t["x"], fc=fc, fb=fc_b, p=proj, pb=t["down_bias"]).items()}
+        ref = fused_mlp.reference.mlp(r["x"], r["fc"], r["fb"], r["p"], r["pb"], "gelu_tanh", layout)
+        assert rel_err(y.cpu(), ref) < TOL[dtype], layout
+    assert calls == ([(m, True)] * 2 if m <= 128 else [])  # gated_mlp and mlp's linear layout
+
+
+@pytest.mark.gpu
+def test_gpu_one_kernel_form_under_compile_fullgraph(fused_mlp, gpu_tg, monkeypatch):
+    _need_down_kernel(fused_mlp, gpu_tg)
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel")
+    torch._dynamo.reset()
+    t = _big_gated(torch.float16, 40, bias=True)
+    f = torch.compile(lambda x: fused_mlp.gated_mlp(x, t["gate_weight"], t["up_weight"], t["down_weight"],
+                                                    "silu", down_bias=t["down_bias"]), fullgraph=True)
+    calls = spy(monkeypatch, gpu_tg._sm90, "down", lambda a: a[0].shape[0])
+    y = f(t["x"])
+    assert calls == [40]
+    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.float16]
+    torch._dynamo.reset()

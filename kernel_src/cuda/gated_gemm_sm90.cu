@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "activations.h"
+#include "down_gemm_sm90_kernel.cuh"
 #include "gated_gemm_sm90.h"
 #include "gated_gemm_sm90_kernel.cuh"
 
@@ -406,6 +407,60 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
   });
 }
 
+// out = h W^T (+ bias) for h [M, K] with M <= 128 and weight [N, K] (nn.Linear's layout, K
+// contiguous), bias [N] or none, in one kernel (down_gemm_sm90_kernel.cuh): the MLP's down
+// projection at few tokens, its two K halves reduced in a cluster of 2. pdl: launched with a
+// programmatic edge from the previous kernel in the stream, which then must not write weight.
+void down_gemm_sm90(at::Tensor& out, const at::Tensor& h, const at::Tensor& weight,
+                    const c10::optional<at::Tensor>& bias, bool pdl) {
+  const int device = check_common("down_gemm_sm90", h, "h", 0);
+  const DeviceScope scope(h);
+  check_rows("down_gemm_sm90", h, "h", h);
+  check_rows("down_gemm_sm90", weight, "weight", h);
+  check_rows("down_gemm_sm90", out, "out", h);
+  const int64_t M = h.size(0), K = h.size(1), N = weight.size(0);
+  FUSED_MLP_CHECK(weight.size(1) == K, "fused_mlp: weight must be [N, K] with K = ", K, ", got ", weight.sizes());
+  FUSED_MLP_CHECK(out.size(0) == M && out.size(1) == N, "fused_mlp: out must be [", M, ", ", N, "], got ",
+                  out.sizes());
+  FUSED_MLP_CHECK(M <= kDownMaxM, "fused_mlp: down_gemm_sm90 takes at most ", kDownMaxM, " rows of h, got ", M);
+  FUSED_MLP_CHECK(K > 0, "fused_mlp: down_gemm_sm90 needs K > 0");
+  check_sizes("down_gemm_sm90", M, N, K);
+  check_bias("down_gemm_sm90", bias, "bias", h, N);
+  if (M == 0 || N == 0) return;
+
+  DownParams p{};
+  p.out = out.data_ptr();
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.ldo = out.stride(0);
+  p.M = static_cast<int>(M);
+  p.N = static_cast<int>(N);
+  p.K = static_cast<int>(K);
+  p.pdl = pdl ? 1 : 0;
+  const CUtensorMap mw = tensor_map(weight, kBK, 64, "weight"), mh = tensor_map(h, kBK, kDownMaxM, "h");
+  const bool bf16 = h.scalar_type() == at::kBFloat16;
+  auto kernel = bf16 ? down_gemm_kernel<__nv_bfloat16> : down_gemm_kernel<__half>;
+  static bool smem_set[2][64] = {};  // per dtype and device; setting it twice in a race is harmless
+  if (device >= 64 || !smem_set[bf16][device]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem));
+    if (device < 64) smem_set[bf16][device] = true;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((N + 63) / 64 * 2));
+  cfg.blockDim = dim3(kDownThreads);
+  cfg.dynamicSmemBytes = kDownSmem;
+  cfg.stream = c10::cuda::getCurrentCUDAStream(device);
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;  // the two K halves of a 64-row block of W
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, mw, mh, p));
+}
+
 }  // namespace sm90
 }  // namespace fused_mlp
 
@@ -425,6 +480,8 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
       "linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation, "
       "bool weight_kn=False) -> ()");
   ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);
+  ops.def("down_gemm_sm90(Tensor! out, Tensor h, Tensor weight, Tensor? bias, bool pdl=False) -> ()");
+  ops.impl("down_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::down_gemm_sm90);
   // What gated_gemm_sm90 would launch for M x N on the current device, as integers: block_n,
   // tiles, tail_split, tail_first, h_only (for inference). For tests and benchmarks: the narrow
   // tail and the kinds give the same bits as the plain loop, so only this shows they are taken.

@@ -15,6 +15,10 @@ gated_gemm_sm90.cu).
     mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, ones, conv1d)
         the plain MLP in nn.Linear's or Conv1D's layout likewise (linear_act, cuBLAS;
         backward: dact, cuBLAS), where mlp_train_usable says so
+    down(h, weight, bias, pdl)
+        h W^T + b in one kernel for at most 128 rows of h (down_gemm_sm90_kernel.cuh: the two
+        K halves of each 64-row block of W reduced in a cluster of 2), where down_usable says
+        so: one of the down projection's timed forms (triton_gemm.down_parts)
 
 Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). triton_gemm
 calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
@@ -54,6 +58,10 @@ _TRAIN_OP = "gated_mlp_train_sm90"
 _MLP_TRAIN_OP = "mlp_train_sm90"
 _HAS_TRAIN_OP = torch._C._dispatch_has_kernel(add_op_namespace_prefix(_TRAIN_OP))
 _HAS_MLP_TRAIN_OP = torch._C._dispatch_has_kernel(add_op_namespace_prefix(_MLP_TRAIN_OP))
+_DOWN_OP = "down_gemm_sm90"
+_HAS_DOWN_OP = torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DOWN_OP))
+# down_gemm_sm90's limit on h's rows (kDownMaxM: one 128-token tile)
+DOWN_MAX_M = 128
 _DTYPES = (torch.bfloat16, torch.float16)
 
 # The ops only write their out (and pre) arguments: nothing to compute for fake tensors.
@@ -69,6 +77,8 @@ if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DACT_OP)):
     torch.library.register_fake(add_op_namespace_prefix(_DACT_OP))(
         lambda out, dy, weight, pre, activation, gated, weight_kn: None
     )
+if _HAS_DOWN_OP:
+    torch.library.register_fake(add_op_namespace_prefix(_DOWN_OP))(lambda out, h, weight, bias, pdl=False: None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,6 +216,31 @@ def linear_act(out: Optional[Tensor], x: Tensor, weight: Tensor, bias: Optional[
         n = weight.shape[1] if w_kn else weight.shape[0]
         out = torch.empty((x.shape[0], n), device=x.device, dtype=x.dtype)
     ops.linear_act_sm90(out, x, weight, bias, pre, activation_id, w_kn)
+    return out
+
+
+def down_usable(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether down takes these tensors: h [M, K] with 0 < M <= 128 and weight [N, K] (K
+    contiguous), 16-bit on an sm_90 GPU with this build's kernel, rows aligned, N a multiple of
+    8, not switched off (FUSED_MLP_SM90=0)."""
+    if (not _HAS_DOWN_OP or h.dtype not in _DTYPES or weight.dtype != h.dtype or not h.is_cuda
+            or h.dim() != 2 or weight.dim() != 2 or os.environ.get("FUSED_MLP_SM90", "1") == "0"):
+        return False
+    m, k = h.shape
+    n = weight.shape[0]
+    if not 0 < m <= DOWN_MAX_M or k == 0 or weight.shape[1] != k or n % 8:
+        return False
+    if bias is not None and (bias.dtype != h.dtype or bias.dim() != 1):
+        return False
+    return _device_ok(_index(h)) and _rows_ok(h) and _rows_ok(weight) and _bias_ok(bias)
+
+
+def down(h: Tensor, weight: Tensor, bias: Optional[Tensor], pdl: bool = False) -> Tensor:
+    """h W^T + b as a new [M, N] tensor (down_usable's tensors). pdl: launched with a
+    programmatic edge from the previous kernel in the stream; the W loads may then overlap that
+    kernel, so only where it does not write weight (the MLP's first GEMM, say)."""
+    out = torch.empty((h.shape[0], weight.shape[0]), device=h.device, dtype=h.dtype)
+    ops.down_gemm_sm90(out, h, weight, bias, pdl)
     return out
 
 

@@ -4,8 +4,9 @@
     linear_act:    h = act(x @ W^T + b)                         (W as nn.Linear [N, K] or Conv1D [K, N])
 
 The second GEMM of the block (the down / proj projection) is cuBLAS: F.linear, or, in CUDA
-graphs at few tokens and for large weights where it measures faster (FUSED_MLP_DOWN_SPLIT),
-a K split by hand (a batched cuBLAS GEMM and _sum_parts_kernel); see down_linear near the bottom.
+graphs at few tokens where it measures faster (FUSED_MLP_DOWN_SPLIT), a K split by hand (a
+batched cuBLAS GEMM and _sum_parts_kernel, for weights larger than the L2) or the sm_90a
+one-kernel down GEMM (M <= 128); see down_linear near the bottom.
 
 The same tile loop serves the backward pass (triton_backward.py runs it), through
 compile-time flags of the epilogue:
@@ -1196,19 +1197,30 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 #       first, or FUSED_MLP_AUTOTUNE=0, leaves F.linear.
 #   "auto": the same choice in every call, eager ones too (for callers whose GPU is the
 #       bottleneck, not the host).
-#   "2" / "4": that split wherever the rule (split_parts_allowed) allows it; "0": F.linear.
+#   "2" / "4": that split wherever the rule (split_parts_allowed) allows it; "kernel": the
+#       one-kernel form below wherever sm90.down_usable allows it; "0": F.linear.
+# The one-kernel form (_ONE_KERNEL, sm_90a builds, M <= 128): down_gemm_sm90 streams W once
+# with the two K halves of each 64-row block reduced inside a cluster of 2, so there is no
+# second kernel at all; launched with a programmatic edge (its first W loads overlap the end
+# of the first GEMM, which writes h and never the weight). A timed candidate beside the splits
+# (NOTES, session 48).
 # The timing (_device_time_ms) queues the calls behind a sleeping kernel so that it sees GPU
 # time, not the host's: timed as eager calls back to back, the split form is host-bound on the
 # H200 machine's CPU (session 35: M 128 65 us against F.linear's 38, as graphs 37 against 39).
 _SPLIT_PARTS = (2, 4)
 _SPLIT_MAX_M = 512
-# A split form is kept only if it is at least this much faster than F.linear when timed.
+# The form code of down_gemm_sm90 in down_parts' results and _DOWN_CHOICE (1 is F.linear, 2 / 4
+# the splits).
+_ONE_KERNEL = 0
+# A split (or the one-kernel) form is kept only if it is at least this much faster than
+# F.linear when timed.
 _SPLIT_MIN_GAIN = 0.01
 # Interleaved rounds of that timing; each form is judged by its median round.
 _DOWN_ROUNDS = 3
-# (M bucket, N, K, dtype, device, bias, weight K-contiguous) -> parts (1: F.linear)
+# (M bucket, N, K, dtype, device, bias, weight K-contiguous) -> form (1: F.linear, 2 / 4: split,
+# _ONE_KERNEL: down_gemm_sm90)
 _DOWN_CHOICE: dict[tuple, int] = {}
-# the same key -> {parts: ms} as timed (1: F.linear), for inspection
+# the same key -> {form: ms} as timed (1: F.linear), for inspection
 _DOWN_TIMES: dict[tuple, dict] = {}
 # what eager calls in the default mode have seen (shapes, dtype, device, weight strides, bias):
 # those that have been through the rule (and timing) once
@@ -1333,16 +1345,25 @@ def _device_time_ms(fn, reps: int = 20) -> float:
     return _loop_ms(fn, reps)
 
 
-_DOWN_MODES = ("graphs", "auto") + tuple(str(s) for s in _SPLIT_PARTS)
+_DOWN_MODES = ("graphs", "auto", "kernel") + tuple(str(s) for s in _SPLIT_PARTS)
+
+
+def down_forms_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple:
+    """The forms besides F.linear that down_linear may take for these tensors: the split counts
+    split_parts_allowed gives, and _ONE_KERNEL where sm90.down_usable says so."""
+    splits = split_parts_allowed(h, weight, bias)
+    return (splits + (_ONE_KERNEL,)) if _sm90.down_usable(h, weight, bias) else splits
 
 
 def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
-    """How down_linear computes h W^T + b: 1 (F.linear) or the split count (see above)."""
+    """How down_linear computes h W^T + b: 1 (F.linear), the split count, or _ONE_KERNEL (see
+    above)."""
     mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "graphs").strip().lower()
     if mode in _OFF_VALUES or mode == "1":  # "1": one part, i.e. F.linear
         return 1
     if mode not in _DOWN_MODES:
-        raise ValueError(f"FUSED_MLP_DOWN_SPLIT must be graphs (the default), auto, 2, 4 or 0 (off), got {mode!r}")
+        raise ValueError("FUSED_MLP_DOWN_SPLIT must be graphs (the default), auto, 2, 4, kernel or 0 (off), "
+                         f"got {mode!r}")
     if not h.is_cuda:
         return 1
     capturing = torch.cuda.is_current_stream_capturing()
@@ -1357,9 +1378,10 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
         seen = (h.shape, h.dtype, h.device, weight.shape, weight.stride(), bias is None)
         if seen in _DOWN_EAGER_SEEN or not _autotune_enabled():
             return 1
-    allowed = split_parts_allowed(h, weight, bias)
+    allowed = down_forms_allowed(h, weight, bias)
     if allowed and mode not in ("graphs", "auto"):
-        return int(mode) if int(mode) in allowed else 1
+        forced = _ONE_KERNEL if mode == "kernel" else int(mode)
+        return forced if forced in allowed else 1
     chosen = 1
     if allowed:
         m, k = h.shape
@@ -1379,10 +1401,10 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
 
 
 def _time_down_forms(h: Tensor, weight: Tensor, bias: Optional[Tensor], allowed: tuple, key: tuple) -> int:
-    """Times F.linear and each allowed split by GPU time in _DOWN_ROUNDS interleaved rounds, caches
-    and returns the choice: the split of lowest median if it beats F.linear's by _SPLIT_MIN_GAIN."""
+    """Times F.linear and each allowed form by GPU time in _DOWN_ROUNDS interleaved rounds, caches
+    and returns the choice: the form of lowest median if it beats F.linear's by _SPLIT_MIN_GAIN."""
     forms = {1: lambda: F.linear(h, weight, bias)}
-    forms.update({s: (lambda s=s: split_linear(h, weight, bias, s)) for s in allowed})
+    forms.update({s: (lambda s=s: _down_form(h, weight, bias, s)) for s in allowed})
     rounds: dict = {p: [] for p in forms}
     with _on_device(h):
         for _ in range(_DOWN_ROUNDS):
@@ -1397,11 +1419,21 @@ def _time_down_forms(h: Tensor, weight: Tensor, bias: Optional[Tensor], allowed:
     return chosen
 
 
+def _down_form(h: Tensor, weight: Tensor, bias: Optional[Tensor], form: int) -> Tensor:
+    """h W^T + b by one of down_parts' forms."""
+    if form == 1:
+        return F.linear(h, weight, bias)
+    if form == _ONE_KERNEL:
+        return _sm90.down(h, weight, bias, True)  # pdl: see down_linear
+    return split_linear(h, weight, bias, form)
+
+
 def down_linear(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """The block's second GEMM, h W^T + b (weight [N, K], any strides): F.linear or split_linear,
-    whichever down_parts picks."""
-    parts = down_parts(h, weight, bias)
-    return F.linear(h, weight, bias) if parts == 1 else split_linear(h, weight, bias, parts)
+    """The block's second GEMM, h W^T + b (weight [N, K], any strides): F.linear, split_linear
+    or down_gemm_sm90, whichever down_parts picks. Only for h just written by the block's first
+    GEMM (the one-kernel form's programmatic edge relies on the kernel before it not writing
+    the weight)."""
+    return _down_form(h, weight, bias, down_parts(h, weight, bias))
 
 
 def gated_mlp(x, gate_weight, up_weight, down_weight, activation_id, gate_bias, up_bias, down_bias):
