@@ -69,7 +69,7 @@ __device__ __forceinline__ void down_finish(const float (&acc)[64], uint8_t* sme
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(xchg)), "r"(cluster_rank() ^ 1u));
   const T* bias = static_cast<const T*>(p.bias);
-  float b[4];  // this thread's W rows: 16 warp + lane / 4 + {0, 8}, as bias values (0 past N)
+  float b[2];  // this thread's W rows: 16 warp + lane / 4 + {0, 8}, as bias values (0 past N)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int n = n0 + warp * 16 + lane / 4 + 8 * r;
