@@ -400,6 +400,24 @@ def _eager_warm_up(fn):
     return y
 
 
+def _check_the_ops(fm, m):
+    """gated_mlp, and mlp in both layouts, on the big down weight with biases (bf16, M rows):
+    each within the dtype's bound of float64."""
+    dtype = torch.bfloat16
+    t = _big_gated(dtype, m, bias=True)
+    y = fm.gated_mlp(t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu", down_bias=t["down_bias"])
+    assert rel_err(y.cpu(), _ref_gated(fm, t)) < TOL[dtype]
+    for layout in ("linear", "conv1d"):
+        fc, proj = t["gate_weight"], t["down_weight"]
+        if layout == "conv1d":
+            fc, proj = fc.t().contiguous(), proj.t().contiguous()
+        fc_b = _rand(BIG_H, dtype=dtype, device="cuda", scale=0.5, seed=5)
+        y = fm.mlp(t["x"], fc, fc_b, proj, t["down_bias"], "gelu_tanh", weight_layout=layout)
+        r = {k: v.double().cpu() for k, v in dict(x=t["x"], fc=fc, fb=fc_b, p=proj, pb=t["down_bias"]).items()}
+        ref = fm.reference.mlp(r["x"], r["fc"], r["fb"], r["p"], r["pb"], "gelu_tanh", layout)
+        assert rel_err(y.cpu(), ref) < TOL[dtype], layout
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("split", ["2", "4"])
 @pytest.mark.parametrize("m", [1, 77, 512, 513])
@@ -408,20 +426,7 @@ def test_gpu_ops_with_the_split_forced(fused_mlp, gpu_tg, monkeypatch, split, m)
     taken where the rule allows (M <= 512), F.linear above; right either way."""
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", split)
     calls = spy(monkeypatch, gpu_tg, "split_linear", lambda a: a[3])
-    dtype = torch.bfloat16
-    t = _big_gated(dtype, m, bias=True)
-    y = fused_mlp.gated_mlp(t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu",
-                            down_bias=t["down_bias"])
-    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[dtype]
-    for layout in ("linear", "conv1d"):
-        fc, proj = t["gate_weight"], t["down_weight"]
-        if layout == "conv1d":
-            fc, proj = fc.t().contiguous(), proj.t().contiguous()
-        fc_b = _rand(BIG_H, dtype=dtype, device="cuda", scale=0.5, seed=5)
-        y = fused_mlp.mlp(t["x"], fc, fc_b, proj, t["down_bias"], "gelu_tanh", weight_layout=layout)
-        r = {k: v.double().cpu() for k, v in dict(x=t["x"], fc=fc, fb=fc_b, p=proj, pb=t["down_bias"]).items()}
-        ref = fused_mlp.reference.mlp(r["x"], r["fc"], r["fb"], r["p"], r["pb"], "gelu_tanh", layout)
-        assert rel_err(y.cpu(), ref) < TOL[dtype], layout
+    _check_the_ops(fused_mlp, m)
     assert calls == ([int(split)] * 3 if m <= 512 else [])
 
 
@@ -625,20 +630,7 @@ def test_gpu_ops_with_the_one_kernel_form_forced(fused_mlp, gpu_tg, monkeypatch,
     _need_down_kernel(fused_mlp, gpu_tg)
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel")
     calls = spy(monkeypatch, gpu_tg._sm90, "down", lambda a: (a[0].shape[0], a[3]))
-    dtype = torch.bfloat16
-    t = _big_gated(dtype, m, bias=True)
-    y = fused_mlp.gated_mlp(t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu",
-                            down_bias=t["down_bias"])
-    assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[dtype]
-    for layout in ("linear", "conv1d"):
-        fc, proj = t["gate_weight"], t["down_weight"]
-        if layout == "conv1d":
-            fc, proj = fc.t().contiguous(), proj.t().contiguous()
-        fc_b = _rand(BIG_H, dtype=dtype, device="cuda", scale=0.5, seed=5)
-        y = fused_mlp.mlp(t["x"], fc, fc_b, proj, t["down_bias"], "gelu_tanh", weight_layout=layout)
-        r = {k: v.double().cpu() for k, v in dict(x=t["x"], fc=fc, fb=fc_b, p=proj, pb=t["down_bias"]).items()}
-        ref = fused_mlp.reference.mlp(r["x"], r["fc"], r["fb"], r["p"], r["pb"], "gelu_tanh", layout)
-        assert rel_err(y.cpu(), ref) < TOL[dtype], layout
+    _check_the_ops(fused_mlp, m)
     assert calls == ([(m, True)] * 2 if m <= 128 else [])  # gated_mlp and mlp's linear layout
 
 
