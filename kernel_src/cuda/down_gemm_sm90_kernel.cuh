@@ -17,7 +17,7 @@
 //   warps 0-3  one MMA warp group: per K step four wgmma m64n128k16 with W's 64 x 64 box as A
 //              and h's 128 x 64 box as B, i.e. the output tile transposed (64 W rows x 128
 //              tokens, 64 fp32 registers a thread; token rows of h past M are the TMA's zeros).
-//   warp 4     lane 0 issues the TMA loads into a ring of kDownStages stages (24 KB each).
+//   warp 4     lane 0 issues the TMA loads into a ring of down_stages() stages (24 KB each).
 // After the K loop each CTA hands the half of its partial tile it does not finish to its peer
 // (K part 0 finishes tokens 0-63, part 1 tokens 64-127): each sums its own and the peer's part
 // (p0 + p1 either way round: the same bits), adds the bias, rounds once and stores through a
@@ -37,14 +37,27 @@ namespace sm90 {
 #ifndef FUSED_MLP_SM90_DOWN_STAGES
 #define FUSED_MLP_SM90_DOWN_STAGES 8
 #endif
-constexpr int kDownStages = FUSED_MLP_SM90_DOWN_STAGES;
+// The quad form's ring is shallower: at 4 stages (98 KB) two CTAs fit an SM, so its clusters of
+// 4 need not find four free SMs in one GPC (session 19: at most 30 clusters of 4 one-CTA-per-SM
+// CTAs are resident on the H200, and N 4096 needs 32).
+#ifndef FUSED_MLP_SM90_DOWN_QUAD_STAGES
+#define FUSED_MLP_SM90_DOWN_QUAD_STAGES 4
+#endif
 constexpr int kDownThreads = 160;
 constexpr int kDownMaxM = 128;
 constexpr uint32_t kDownBytesW = 64 * kBK * 2, kDownBytesH = kDownMaxM * kBK * 2;
 constexpr uint32_t kDownStage = kDownBytesW + kDownBytesH;
-constexpr int kDownSmem = kDownStages * int(kDownStage) + 16 * kDownStages;
 constexpr int kDownOutStride = 72;  // elements per staged token row (64 + 8: 144 bytes, 16-byte aligned)
-static_assert(32 * 128 * 4 + 64 * kDownOutStride * 2 <= kDownStages * int(kDownStage),
+template <bool kQuad>
+__host__ __device__ constexpr int down_stages() {
+  return kQuad ? FUSED_MLP_SM90_DOWN_QUAD_STAGES : FUSED_MLP_SM90_DOWN_STAGES;
+}
+template <bool kQuad>
+__host__ __device__ constexpr int down_smem() {  // the ring and its two barriers a stage
+  return down_stages<kQuad>() * int(kDownStage) + 16 * down_stages<kQuad>();
+}
+static_assert(32 * 128 * 4 + 64 * kDownOutStride * 2 <= down_stages<false>() * int(kDownStage) &&
+                  32 * 128 * 4 + 64 * kDownOutStride * 2 <= down_stages<true>() * int(kDownStage),
               "the hand-off and the staging tile must fit in the ring");
 
 struct DownParams {
@@ -113,6 +126,7 @@ __global__ void __launch_bounds__(kDownThreads, 1)
                      const DownParams p) {
 #if defined(FUSED_MLP_SM90_DEVICE)
   extern __shared__ __align__(1024) uint8_t smem[];
+  constexpr int kDownStages = down_stages<kQuad>();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(kDownStages) * kDownStage);
   uint64_t* empty = full + kDownStages;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

@@ -446,16 +446,17 @@ void down_gemm_sm90(at::Tensor& out, const at::Tensor& h, const at::Tensor& weig
   const bool bf16 = h.scalar_type() == at::kBFloat16;
   auto kernel = bf16 ? (quad ? down_gemm_kernel<__nv_bfloat16, true> : down_gemm_kernel<__nv_bfloat16, false>)
                      : (quad ? down_gemm_kernel<__half, true> : down_gemm_kernel<__half, false>);
+  const int smem = quad ? down_smem<true>() : down_smem<false>();
   static bool smem_set[2][2][64] = {};  // per dtype, form and device; setting it twice in a race is harmless
   if (device >= 64 || !smem_set[bf16][quad][device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem));
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if (device < 64) smem_set[bf16][quad][device] = true;
   }
   cudaLaunchConfig_t cfg = {};
   // pair: 2 CTAs per 64-row block; quad: 4 per two 64-row blocks (the second may lie past N)
   cfg.gridDim = dim3(static_cast<unsigned>(quad ? (N + 127) / 128 * 4 : (N + 63) / 64 * 2));
   cfg.blockDim = dim3(kDownThreads);
-  cfg.dynamicSmemBytes = kDownSmem;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = c10::cuda::getCurrentCUDAStream(device);
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
