@@ -70,10 +70,10 @@ struct DownParams {
 
 #if defined(FUSED_MLP_SM90_DEVICE)
 
-// The end of the K loop for the CTA that finishes accumulator registers [Keep, Keep + 32) (its
-// peer, the other K part of the row block, is cluster rank ^ PeerXor),
+// The end of the K loop for the CTA that finishes accumulator registers [Keep, Keep + 32),
 // tokens [2 Keep, 2 Keep + 64) (register i holds W row 16 warp + lane / 4 + 8 ((i / 2) % 2) and
-// token 8 (i / 4) + 2 (lane % 4) + i % 2). 128 threads (the MMA warp group).
+// token 8 (i / 4) + 2 (lane % 4) + i % 2); its peer, the other K part of the row block, is
+// cluster rank ^ PeerXor. 128 threads (the MMA warp group).
 template <typename T, int Keep, unsigned PeerXor>
 __device__ __forceinline__ void down_finish(const float (&acc)[64], uint8_t* smem, const DownParams& p, int n0,
                                             int tid) {
