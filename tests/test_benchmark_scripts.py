@@ -497,8 +497,8 @@ SPLIT2 = {"fill": 110.0, "read": 108.0}
     ({}, {}, {}, False),                                                         # nothing measured
 ])
 def test_down_stream_verdict_needs_the_margin_in_every_eviction(split2, kernel, kernel4, want):
-    """The gate of session 51's device call (down_stream.py --verdict, on the branch now kept as tag
-    attic/down-gemm-sm90): the op with one of the one-kernel down GEMMs must beat it with the split by the margin in both
+    """The gate of session 51's device calls (down_stream.py --verdict, run from the branch that
+    became main): the op with one of the one-kernel down GEMMs must beat it with the split by the margin in both
     evictions, and a file without those rows (a build without the kernel) never passes."""
     ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
     ok, text = ds.verdict(_verdict_rows(split2, kernel, kernel4), 0.5)

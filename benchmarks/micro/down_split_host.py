@@ -4,7 +4,7 @@ F.linear (FUSED_MLP_DOWN_SPLIT=0) or split in 2 / 4 (the switch forced), at few 
 (session 36): the split form makes ~3 host calls where F.linear makes one, which matters for
 eager callers whose calls are host-bound. Beside it, the same calls' events time back to back
 (do_bench median): where that is near the host time, eager calls are launch-bound. Where the
-build has down_gemm_sm90 (tag attic/down-gemm-sm90), its forms too at M <= 128 (=kernel /
+build has down_gemm_sm90 (main since session 51), its forms too at M <= 128 (=kernel /
 =kernel4: one launch and one allocation, like F.linear; whether eager calls could take them is
 this question again).
 

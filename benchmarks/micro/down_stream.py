@@ -23,7 +23,7 @@ reduce), beside what the op runs today, in one process:
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
   pkg[4], gu_pkg[4]_pdl  the package's own down_gemm_sm90 in clusters of 2 [4] (where the build
-                   has it: tag attic/down-gemm-sm90), alone and after the gate/up kernel with its
+                   has it: main since session 51), alone and after the gate/up kernel with its
                    programmatic edge
   op_split2        the op captured with FUSED_MLP_DOWN_SPLIT=2 (the split main's graphs pick at
   op_kernel[4]     M 128) and with =kernel [=kernel4] (down_gemm_sm90): the A/B that decides
