@@ -121,7 +121,9 @@ if has micro-sm90; then
   $PY benchmarks/micro/sm90_gate_up.py --out "$OUT/sm90_gate_up_${GPU_TAG}.json" ${MICRO_SM90_ARGS:-} > "$OUT/sm90_gate_up_${GPU_TAG}.txt" 2>&1
   grep -E "^\[sm90\] (checks|[a-z_0-9]+: )|FAIL|Traceback|Error" "$OUT/sm90_gate_up_${GPU_TAG}.txt" | tail -20 | tee -a "$LOG"
 fi
-build_down_probe() {
+build_down_probe() {  # once a call, for micro-down-diag and micro-down alike
+  [ -n "${DOWN_PROBE_BUILT:-}" ] && return 0
+  DOWN_PROBE_BUILT=1
   mkdir -p "$ROOT/.probe"
   "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
     -Ikernel_src/common -Ikernel_src/cuda -Ibenchmarks/micro -Xcompiler -fPIC -shared \

@@ -12,16 +12,17 @@
 // adjacent row blocks form a cluster of 2, each loading 64 of h's rows and multicasting them
 // to both). A consumer thread releases each stage as soon as it lands and sums one word of
 // each box into `sink` (the Python side checks it).
-// The GEMM itself is here too (down_gemm_kernel, below: the same ring with wgmma and the two
+// The GEMM itself is here too (probe_gemm_kernel, below: the same ring with wgmma and the two
 // K parts reduced in the kernel, in two forms), so that one device call answers both questions.
-// Device helpers (TMA, mbarriers, wgmma) come from the package's gated_gemm_sm90_kernel.cuh.
+// Device helpers (TMA, mbarriers, wgmma) come from the package's gated_gemm_sm90_kernel.cuh, the
+// cluster forms' hand-off and stores from its down_gemm_sm90_kernel.cuh (down_finish).
 //
 //   bash tools/gpu_session.sh stage micro-down    (on the device: builds this, then runs
 //                                                  benchmarks/micro/down_stream.py)
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DFUSED_MLP_NO_TORCH \
 //        -Ikernel_src/common -Ikernel_src/cuda -Ibenchmarks/micro -Xcompiler -fPIC -shared \
 //        -o .probe/libdown_stream.so benchmarks/micro/down_stream.cu
-#include "gated_gemm_sm90_kernel.cuh"
+#include "down_gemm_sm90_kernel.cuh"  // and through it gated_gemm_sm90_kernel.cuh
 
 #include <cudaTypedefs.h>
 
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(64) down_stream_kernel(const __grid_constant__
 // the K loop each CTA hands the half of its partial tile it does not finish to its peer through
 // shared memory (DSMEM): rank 0 finishes tokens 0-63, rank 1 tokens 64-127, each as its own
 // partial plus the peer's (p0 + p1 either way round: the same bits), rounds once, and stores
-// through a staging tile in 16-byte pieces along y's rows. pdl: launched with a programmatic
+// through a staging tile in 16-byte pieces along y's rows (the package's down_finish, since
+// session 51: the probe times the package's hand-off). pdl: launched with a programmatic
 // edge; the producer loads the first ring's W boxes before griddepcontrol.wait (W is not the
 // previous kernel's output, h is).
 // Three forms (kMode):
@@ -153,7 +155,6 @@ struct GemmCfg {
 };
 constexpr int kGemmThreads = 160;
 constexpr uint32_t kGemmW = 64 * 128, kGemmH = 128 * 128, kGemmStage = kGemmW + kGemmH;
-constexpr int kOutStride = 72;  // bf16 per staged row (64 + 8: rows 144 bytes apart, 16-byte aligned)
 enum GemmMode { kPair = 0, kGlobal = 1, kQuad = 2 };  // see above
 // Diagnostic variants of the pair form (session 51: where do the GEMM's ~6 us over its own
 // stream go?), bits of the template argument kDiag; only kDiagWait0 keeps the result right.
@@ -164,44 +165,6 @@ enum GemmMode { kPair = 0, kGlobal = 1, kQuad = 2 };  // see above
 enum GemmDiag { kDiagNoMma = 1, kDiagNoFinish = 2, kDiagWait0 = 4 };
 
 #if defined(FUSED_MLP_SM90_DEVICE)
-// The K loop's end for the CTA that finishes the accumulator registers [Keep, Keep + 32) (tokens
-// [2 Keep, 2 Keep + 64)): hand the other 32 to the peer (cluster rank ^ PeerXor, the CTA of the
-// other K part), add the peer's, round, stage, store.
-template <int Keep, unsigned PeerXor>
-__device__ __forceinline__ void gemm_finish(const float (&acc)[64], uint8_t* smem, const GemmCfg& c, __nv_bfloat16* y,
-                                            int n0, int tid) {
-  constexpr int kGive = 32 - Keep;
-  const int warp = tid / 32, lane = tid % 32;
-  float* xchg = reinterpret_cast<float*>(smem);  // [32 registers][128 threads]
-#pragma unroll
-  for (int j = 0; j < 32; ++j) xchg[j * 128 + tid] = acc[kGive + j];
-  cluster_sync();  // both halves handed over
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(xchg)), "r"(cluster_rank() ^ PeerXor));
-  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(smem + 32 * 128 * 4);  // [64 tokens][kOutStride]
-  // All 32 of the peer's values in flight at once: one DSMEM round trip instead of 32 (session
-  // 51: loaded one by one, each behind the previous one's store, the hand-off took ~4 us).
-  float v[32];
-#pragma unroll
-  for (int j = 0; j < 32; ++j)
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v[j]) : "r"(remote + uint32_t(j * 128 + tid) * 4u));
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int i = Keep + j;
-    const int token = 8 * (i / 4) + 2 * (lane % 4) + (i % 2) - 2 * Keep;  // 0 .. 63 within the half
-    const int row = warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
-    out[token * kOutStride + row] = __float2bfloat16_rn(acc[i] + v[j]);
-  }
-  asm volatile("bar.sync 1, 128;" ::: "memory");
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int q = tid + 128 * u, t = q / 8, ch = q % 8, m = t + 2 * Keep;
-    if (m < c.M)
-      *reinterpret_cast<uint4*>(y + int64_t(m) * c.ldy + n0 + ch * 8) =
-          *reinterpret_cast<const uint4*>(out + t * kOutStride + ch * 8);
-  }
-}
-
 // kGlobal's end: the partial tile through global memory (see GemmCfg); all 128 MMA threads.
 __device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8_t* smem, const GemmCfg& c,
                                                    __nv_bfloat16* y, int rowblock, int part, int tid) {
@@ -217,13 +180,13 @@ __device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8
   if (arrived == 0) return;  // the peer part finishes the tile
   __threadfence();
   const float* other = c.ws + (size_t(rowblock) * 2 + (part ^ 1)) * (64 * 128);
-  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(smem);  // [128 tokens][kOutStride], over the idle ring
+  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(smem);  // [128 tokens][kDownOutStride], over the idle ring
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const float v = __ldcg(other + i * 128 + tid);
     const int token = 8 * (i / 4) + 2 * (lane % 4) + (i % 2);
     const int row = warp * 16 + lane / 4 + 8 * ((i % 4) / 2);
-    out[token * kOutStride + row] = __float2bfloat16_rn(acc[i] + v);
+    out[token * kDownOutStride + row] = __float2bfloat16_rn(acc[i] + v);
   }
   asm volatile("bar.sync 1, 128;" ::: "memory");
 #pragma unroll
@@ -231,7 +194,7 @@ __device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8
     const int q = tid + 128 * u, t = q / 8, ch = q % 8;
     if (t < c.M)
       *reinterpret_cast<uint4*>(y + int64_t(t) * c.ldy + n0 + ch * 8) =
-          *reinterpret_cast<const uint4*>(out + t * kOutStride + ch * 8);
+          *reinterpret_cast<const uint4*>(out + t * kDownOutStride + ch * 8);
   }
   if (tid == 0) c.counts[rowblock] = 0;
 }
@@ -239,7 +202,7 @@ __device__ __forceinline__ void gemm_finish_global(const float (&acc)[64], uint8
 #endif
 
 template <int kMode, int kDiag = 0>
-__global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid_constant__ CUtensorMap mw,
+__global__ void __launch_bounds__(kGemmThreads, 1) probe_gemm_kernel(const __grid_constant__ CUtensorMap mw,
                                                                     const __grid_constant__ CUtensorMap mh, GemmCfg c,
                                                                     __nv_bfloat16* y) {
 #if defined(FUSED_MLP_SM90_DEVICE)
@@ -340,10 +303,14 @@ __global__ void __launch_bounds__(kGemmThreads, 1) down_gemm_kernel(const __grid
       cluster_sync();  // the hand-off's cluster barrier, with nothing handed off
     } else if constexpr (kMode == kGlobal) {
       gemm_finish_global(acc, smem, c, y, rowblock, part, tid);
-    } else if (part == 0) {
-      gemm_finish<0, kPeer>(acc, smem, c, y, n0, tid);
     } else {
-      gemm_finish<32, kPeer>(acc, smem, c, y, n0, tid);
+      // the package kernel's hand-off (no bias; N is a multiple of 64 here)
+      const DownParams dp{y, nullptr, c.ldy, c.M, c.N, c.K, c.pdl};
+      if (part == 0) {
+        down_finish<__nv_bfloat16, 0, kPeer>(acc, smem, dp, n0, tid);
+      } else {
+        down_finish<__nv_bfloat16, 32, kPeer>(acc, smem, dp, n0, tid);
+      }
     }
   }
   __syncwarp();
@@ -427,14 +394,14 @@ extern "C" int down_gemm_launch(void* w, void* h, void* y, int m, int n, int k, 
   const GemmCfg c{m, n, k, ldy, stages, pdl, ws, counts};
   const int smem = stages * int(kGemmStage) + 16 * stages;
   if (diag && mode != kPair) return -1;
-  decltype(&down_gemm_kernel<kPair>) kernel = nullptr;
+  decltype(&probe_gemm_kernel<kPair>) kernel = nullptr;
   switch (diag) {
-    case 0: kernel = mode == kPair ? down_gemm_kernel<kPair> : mode == kGlobal ? down_gemm_kernel<kGlobal>
-                                                                               : down_gemm_kernel<kQuad>; break;
-    case kDiagNoMma: kernel = down_gemm_kernel<kPair, kDiagNoMma>; break;
-    case kDiagNoFinish: kernel = down_gemm_kernel<kPair, kDiagNoFinish>; break;
-    case kDiagNoMma | kDiagNoFinish: kernel = down_gemm_kernel<kPair, kDiagNoMma | kDiagNoFinish>; break;
-    case kDiagWait0: kernel = down_gemm_kernel<kPair, kDiagWait0>; break;
+    case 0: kernel = mode == kPair ? probe_gemm_kernel<kPair> : mode == kGlobal ? probe_gemm_kernel<kGlobal>
+                                                                                : probe_gemm_kernel<kQuad>; break;
+    case kDiagNoMma: kernel = probe_gemm_kernel<kPair, kDiagNoMma>; break;
+    case kDiagNoFinish: kernel = probe_gemm_kernel<kPair, kDiagNoFinish>; break;
+    case kDiagNoMma | kDiagNoFinish: kernel = probe_gemm_kernel<kPair, kDiagNoMma | kDiagNoFinish>; break;
+    case kDiagWait0: kernel = probe_gemm_kernel<kPair, kDiagWait0>; break;
     default: return -1;
   }
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

@@ -33,7 +33,7 @@ reduce), beside what the op runs today, in one process:
 stream, alone (no op context), to split the GEMM's time over its stream: g_s9 (9 stages),
 g_s8_wait0 (a stage freed when its own MMAs retire), and, with wrong results on purpose,
 g_s8_nomma (no MMAs), g_s8_nofinish (no hand-off, no stores), g_s8_nomma_nofinish. The two
-whose results are right are checked against fp64 first.
+whose results are right are checked as the GEMM forms are first.
 
 --verdict F reads a results file of this script and says (exit status 0 / 1) whether op_kernel
 or op_kernel4 beats op_split2 by at least --margin-us in both evictions (no GPU needed).
@@ -108,10 +108,10 @@ CHECK_SHAPES = ((128, 4096, 14336), (1, 4096, 14336), (77, 1024, 3000), (128, 19
                 (65, 256, 512))
 
 
-def check_gemms(modes: list, gemm, pkg, counts) -> dict:
-    """Each mode's GEMM against fp64 on CHECK_SHAPES, output poisoned, run twice for the same
-    bits (and the global form's counts back to zero); stops the script at the first wrong one.
-    Returns {(M, N, K, mode): rel err}."""
+def check_gemms(launchers: dict, counts) -> dict:
+    """Each form's GEMM (name -> launch(h, w, y)) against fp64 on CHECK_SHAPES, output poisoned,
+    run twice for the same bits (and the global form's counts back to zero); stops the script at
+    the first wrong one. Returns {(M, N, K, name): rel err}."""
     errors = {}
     for mm, nn, kk in CHECK_SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(mm * 7 + nn + kk)
@@ -119,57 +119,30 @@ def check_gemms(modes: list, gemm, pkg, counts) -> dict:
         w = torch.randn(nn, kk, device="cuda", dtype=torch.bfloat16, generator=gen) * kk**-0.5
         exact = hh.double() @ w.double().t()
         base = rel_err(F.linear(hh, w), exact)
-        for md in modes:
-            if md in MCAST_MODES and nn % 128:
+        for name, launch in launchers.items():
+            if name in MCAST_MODES and nn % 128:
                 continue
             outs = []
             for _ in range(2):
                 y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-                if md in PKG_FORMS:
-                    pkg(y, hh, w, None, False, PKG_FORMS[md][0])
-                else:
-                    gemm(hh, w, y, 8, False, md)()
+                launch(hh, w, y)
                 torch.cuda.synchronize()
                 outs.append(y)
             err = rel_err(outs[0], exact)
-            errors[(mm, nn, kk, md)] = err
+            errors[(mm, nn, kk, name)] = err
             same = torch.equal(outs[0], outs[1])
             zero = not bool(counts.any())
             ok = bool(torch.isfinite(outs[0]).all()) and err <= 2 * base + 1e-3 and same and zero
-            print(f"[gemm check] {md} M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} (F.linear {base:.2e}), "
+            print(f"[gemm check] {name} M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} (F.linear {base:.2e}), "
                   f"same bits twice {same}, counts at zero {zero}: {'ok' if ok else 'WRONG'}", flush=True)
             if not ok:
-                raise SystemExit(f"the {md} form is wrong; no timing")
+                raise SystemExit(f"the {name} form is wrong; no timing")
     return errors
 
 
 # --diag: the pair form's variants (down_stream.cu's GemmDiag bits) -> (stages, diag, result right)
 DIAG_FORMS = {"g_s9": (9, 0, True), "g_s8_wait0": (8, 4, True), "g_s8_nomma": (8, 1, False),
               "g_s8_nofinish": (8, 2, False), "g_s8_nomma_nofinish": (8, 3, False)}
-
-
-def check_diag(gemm) -> dict:
-    """The diagnostic variants whose result is right, against fp64 (poisoned output, two shapes)."""
-    errors = {}
-    for mm, nn, kk in CHECK_SHAPES[:3]:
-        gen = torch.Generator(device="cuda").manual_seed(mm * 7 + nn + kk)
-        hh = torch.randn(mm, kk, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(nn, kk, device="cuda", dtype=torch.bfloat16, generator=gen) * kk**-0.5
-        exact = hh.double() @ w.double().t()
-        base = rel_err(F.linear(hh, w), exact)
-        for name, (stages, diag, right) in DIAG_FORMS.items():
-            if not right:
-                continue
-            y = torch.full((mm, nn), float("nan"), device="cuda", dtype=torch.bfloat16)
-            gemm(hh, w, y, stages, False, "pair", diag)()
-            torch.cuda.synchronize()
-            err = errors[(mm, nn, kk, name)] = rel_err(y, exact)
-            ok = bool(torch.isfinite(y).all()) and err <= 2 * base + 1e-3
-            print(f"[gemm check] {name} M {mm} N {nn} K {kk}: rel err vs fp64 {err:.2e} (F.linear {base:.2e}): "
-                  f"{'ok' if ok else 'WRONG'}", flush=True)
-            if not ok:
-                raise SystemExit(f"{name} is wrong; no timing")
-    return errors
 
 
 VERDICT_FORMS = tuple(f"op_{value}" for _, value in PKG_FORMS.values())  # op_kernel, op_kernel4
@@ -253,9 +226,12 @@ def measure(args, modes: list) -> None:
         modes = [md for md in modes if md not in PKG_FORMS]
     if args.diag:
         modes = ["pair"]
-    errors = check_gemms(modes, gemm, pkg, counts)
-    if args.diag:
-        errors.update(check_diag(gemm))
+    launchers = {md: ((lambda hh, w, y, c=PKG_FORMS[md][0]: pkg(y, hh, w, None, False, c)) if md in PKG_FORMS
+                      else (lambda hh, w, y, md=md: gemm(hh, w, y, 8, False, md)())) for md in modes}
+    if args.diag:  # the variants whose result is right
+        launchers.update({name: (lambda hh, w, y, st=st, d=d: gemm(hh, w, y, st, False, "pair", d)())
+                          for name, (st, d, right) in DIAG_FORMS.items() if right})
+    errors = check_gemms(launchers, counts)
     if args.check_only:
         return
     act = fm.activations.ACTIVATION_IDS["silu"]
