@@ -478,30 +478,27 @@ def test_down_stream_expected_sink_matches_a_walk_over_the_ctas(rb, parts, hmode
     assert ds.expected_sink(wd, h, rb, hmode) == total % (1 << 64)
 
 
-def _verdict_rows(split2: dict, kernel: dict, kernel4: dict) -> list:
+def _verdict_rows(split2: dict, kernel: dict) -> list:
     rows = [{"eviction": ev, "form": "op_split2", "us": us} for ev, us in split2.items()]
-    rows += [{"eviction": ev, "form": "op_kernel", "us": us} for ev, us in kernel.items()]
-    return rows + [{"eviction": ev, "form": "op_kernel4", "us": us} for ev, us in kernel4.items()]
+    return rows + [{"eviction": ev, "form": "op_kernel", "us": us} for ev, us in kernel.items()]
 
 
 SPLIT2 = {"fill": 110.0, "read": 108.0}
 
 
-@pytest.mark.parametrize("split2,kernel,kernel4,want", [
-    (SPLIT2, {"fill": 109.0, "read": 107.4}, {}, True),                          # under by 1.0 and 0.6
-    (SPLIT2, {"fill": 109.0, "read": 107.7}, {}, False),                         # read: 0.3 only
-    (SPLIT2, {"fill": 111.0, "read": 106.0}, {}, False),                         # slower in fill
-    (SPLIT2, {"fill": 100.0}, {}, False),                                        # no read row
-    (SPLIT2, {"fill": 111.0, "read": 108.0}, {"fill": 109.0, "read": 107.0}, True),  # the quad form wins
-    (SPLIT2, {"fill": 109.0}, {"read": 107.0}, False),                           # each only in one eviction
-    ({}, {}, {}, False),                                                         # nothing measured
+@pytest.mark.parametrize("split2,kernel,want", [
+    (SPLIT2, {"fill": 109.0, "read": 107.4}, True),   # under by 1.0 and 0.6
+    (SPLIT2, {"fill": 109.0, "read": 107.7}, False),  # read: 0.3 only
+    (SPLIT2, {"fill": 111.0, "read": 106.0}, False),  # slower in fill
+    (SPLIT2, {"fill": 100.0}, False),                 # no read row
+    ({}, {}, False),                                  # nothing measured
 ])
-def test_down_stream_verdict_needs_the_margin_in_every_eviction(split2, kernel, kernel4, want):
+def test_down_stream_verdict_needs_the_margin_in_every_eviction(split2, kernel, want):
     """The gate of session 51's device calls (down_stream.py --verdict, run from the branch that
-    became main): the op with one of the one-kernel down GEMMs must beat it with the split by the margin in both
+    became main): the op with the one-kernel down GEMM must beat it with the split by the margin in both
     evictions, and a file without those rows (a build without the kernel) never passes."""
     ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
-    ok, text = ds.verdict(_verdict_rows(split2, kernel, kernel4), 0.5)
+    ok, text = ds.verdict(_verdict_rows(split2, kernel), 0.5)
     assert ok is want, text
 
 
@@ -510,7 +507,7 @@ def test_down_stream_verdict_cli_exit_status(kernel, want, tmp_path):
     """--verdict FILE exits 0 where verdict() passes and 1 where it does not (the device command
     chains the benchmark on it); once per outcome, each a process that imports torch."""
     f = tmp_path / "r.json"
-    f.write_text(json.dumps({"rows": _verdict_rows(SPLIT2, kernel, {})}))
+    f.write_text(json.dumps({"rows": _verdict_rows(SPLIT2, kernel)}))
     r = subprocess.run([sys.executable, str(BENCH / "micro" / "down_stream.py"), "--verdict", str(f)],
                        capture_output=True, text=True)
     assert r.returncode == (0 if want else 1), r.stdout + r.stderr

@@ -3,8 +3,7 @@ cuBLAS GEMM with fp32 partial sums, then _sum_parts_kernel), or on sm_90a builds
 the one-kernel down_gemm_sm90, where that measures faster.
 
 FUSED_MLP_DOWN_SPLIT: "graphs" (the default: the timed choice in CUDA-graph captures, F.linear in
-eager calls), "auto" (the timed choice everywhere), "2" / "4" / "kernel" / "kernel4" (forced where
-allowed), "0" (F.linear).
+eager calls), "auto" (the timed choice everywhere), "2" / "4" / "kernel" (forced where allowed), "0" (F.linear).
 
 CPU (always): the reduction kernel under Triton's interpreter, the switch's validation and modes,
 and that CPU problems never take the split form.
@@ -238,19 +237,22 @@ def test_device_time_sleeps_only_where_torch_can(tg, monkeypatch, has_sleep):
 
 
 def test_kernel_mode_and_the_one_kernel_form(tg, monkeypatch, fake_cuda):
-    """FUSED_MLP_DOWN_SPLIT=kernel / kernel4 force the sm_90a one-kernel form in clusters of 2 /
-    4 (codes _ONE_KERNEL / _ONE_KERNEL4) where down_forms_allowed lists it, F.linear elsewhere;
-    the timed choice can pick it like a split, and down_linear runs it through sm90.down with
-    the programmatic edge and the form's cluster."""
+    """FUSED_MLP_DOWN_SPLIT=kernel forces the sm_90a one-kernel form (code _ONE_KERNEL) where
+    down_forms_allowed lists it, F.linear elsewhere; the timed choice can pick it like a split,
+    and down_linear runs it through sm90.down with the programmatic edge. "kernel4" (a cluster-
+    of-4 form, dropped in session 52) is an unknown mode now."""
     h, w = torch.zeros(40, 64), torch.zeros(8, 64)
-    one, four = tg._ONE_KERNEL, tg._ONE_KERNEL4
-    assert len({1, *tg._SPLIT_PARTS, one, four}) == len(tg._SPLIT_PARTS) + 3
-    for mode, code in (("kernel", one), ("kernel4", four)):
-        monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", mode)
-        monkeypatch.setattr(tg, "down_forms_allowed", lambda *a: (2, 4, one, four))
-        assert tg.down_parts(h, w, None) == code
-        monkeypatch.setattr(tg, "down_forms_allowed", lambda *a: (2, 4))
-        assert tg.down_parts(h, w, None) == 1
+    one = tg._ONE_KERNEL
+    assert len({1, *tg._SPLIT_PARTS, one}) == len(tg._SPLIT_PARTS) + 2
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel")
+    monkeypatch.setattr(tg, "down_forms_allowed", lambda *a: (2, 4, one))
+    assert tg.down_parts(h, w, None) == one
+    monkeypatch.setattr(tg, "down_forms_allowed", lambda *a: (2, 4))
+    assert tg.down_parts(h, w, None) == 1
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel4")
+    with pytest.raises(ValueError, match="FUSED_MLP_DOWN_SPLIT must be .*kernel or 0"):
+        tg.down_parts(h, w, None)
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel")
     # timed: the one-kernel form fastest in every round
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {})
     monkeypatch.setattr(tg, "_DOWN_TIMES", {})
@@ -266,10 +268,7 @@ def test_kernel_mode_and_the_one_kernel_form(tg, monkeypatch, fake_cuda):
     b = torch.zeros(8)
     assert tg.down_linear(h, w, b) == "y"
     assert len(ran) == 1 and ran[0][0] is h and ran[0][1] is w and ran[0][2] is b and ran[0][3] is True
-    assert ran[0][4] == 2
-    monkeypatch.setattr(tg, "down_parts", lambda *a: four)
-    assert tg.down_linear(h, w, b) == "y"
-    assert len(ran) == 2 and ran[1][3] is True and ran[1][4] == 4
+    assert len(ran[0]) == 4
 
 
 def test_down_forms_allowed_adds_the_one_kernel_form_where_usable(tg, monkeypatch):
@@ -278,7 +277,7 @@ def test_down_forms_allowed_adds_the_one_kernel_form_where_usable(tg, monkeypatc
     h, w = torch.zeros(4, 64), torch.zeros(8, 64)
     assert tg.down_forms_allowed(h, w, None) == (2,)
     monkeypatch.setattr(tg._sm90, "down_usable", lambda *a: True)
-    assert tg.down_forms_allowed(h, w, None) == (2, tg._ONE_KERNEL, tg._ONE_KERNEL4)
+    assert tg.down_forms_allowed(h, w, None) == (2, tg._ONE_KERNEL)
 
 
 def test_sm90_down_usable_rule(tg, monkeypatch):
@@ -463,12 +462,12 @@ def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch, mod
     args = (t["x"], t["gate_weight"], t["up_weight"], t["down_weight"], "silu")
     y = fused_mlp.gated_mlp(*args)
     n_first = len(timed)
-    # F.linear and both split counts, and both one-kernel forms where this build has them, 3 rounds
+    # F.linear and both split counts, and the one-kernel form where this build has it, 3 rounds
     one_kernel = gpu_tg._sm90.down_usable(torch.empty(100, BIG_H, device="cuda", dtype=torch.bfloat16),
                                           t["down_weight"], None)
-    assert n_first == 3 * (5 if one_kernel else 3)
+    assert n_first == 3 * (4 if one_kernel else 3)
     keys = _big_keys(gpu_tg)
-    assert len(keys) == 1 and gpu_tg._DOWN_CHOICE[keys[0]] in (1, 2, 4, gpu_tg._ONE_KERNEL, gpu_tg._ONE_KERNEL4)
+    assert len(keys) == 1 and gpu_tg._DOWN_CHOICE[keys[0]] in (1, 2, 4, gpu_tg._ONE_KERNEL)
     y2 = fused_mlp.gated_mlp(*args)  # same bucket (M 97-128): no more timing
     assert len(timed) == n_first
     assert torch.equal(y, y2)
@@ -476,13 +475,13 @@ def test_gpu_choice_is_timed_once_and_cached(fused_mlp, gpu_tg, monkeypatch, mod
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", ["auto", "graphs", "2", "kernel", "kernel4"])
+@pytest.mark.parametrize("split", ["auto", "graphs", "2", "kernel"])
 def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
     """Captured in a CUDA graph: untimed, "auto" and "graphs" take F.linear and cache nothing; a
     forced split runs the batched GEMM and the reduction with its programmatic edge inside the
     graph, the forced one-kernel form its kernel with a programmatic edge from the gate/up
     kernel. The replay rewrites a poisoned output with the eager result."""
-    if split.startswith("kernel"):
+    if split == "kernel":
         _need_down_kernel(fused_mlp, gpu_tg)
     monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", split)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
@@ -501,7 +500,7 @@ def test_gpu_cuda_graph(fused_mlp, gpu_tg, monkeypatch, split):
     g.replay()
     torch.cuda.synchronize()
     assert rel_err(y.cpu(), _ref_gated(fused_mlp, t)) < TOL[torch.bfloat16]
-    if split in ("2", "kernel", "kernel4"):
+    if split in ("2", "kernel"):
         assert torch.equal(y, eager)
 
 
@@ -590,9 +589,7 @@ def test_gpu_down_gemm_matches_float64(fused_mlp, gpu_tg, dtype, m, n, k, bias):
     """down_gemm_sm90 on shapes that are not multiples of its tiles (N past the last 64-row
     block, K past the last 64-column step, one step per K half, M of 1 and under 128), into a
     poisoned output: within F.linear's own error against float64 (both round an fp32 sum once);
-    the same bits on a second call, with the programmatic edge, and in clusters of 4 (whose
-    second row block lies wholly past N for N 8 and 136, and whose second half of h is wholly
-    past M for M <= 64)."""
+    the same bits on a second call and with the programmatic edge."""
     _need_down_kernel(fused_mlp, gpu_tg)
     h = _rand(m, k, dtype=dtype, device="cuda", seed=m)
     w = _rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, seed=n)
@@ -600,9 +597,9 @@ def test_gpu_down_gemm_matches_float64(fused_mlp, gpu_tg, dtype, m, n, k, bias):
     exact = _exact(h, w, b)
     lin = rel_err(F.linear(h, w, b).cpu(), exact)
     outs = []
-    for pdl, cluster in ((False, 2), (False, 2), (True, 2), (False, 4), (True, 4)):
+    for pdl in (False, False, True):
         out = poison_like(torch.empty(m, n, device="cuda", dtype=dtype))
-        fused_mlp.ops.down_gemm_sm90(out, h, w, b, pdl, cluster)
+        fused_mlp.ops.down_gemm_sm90(out, h, w, b, pdl)
         outs.append(out)
     err = rel_err(outs[0].cpu(), exact)
     assert err <= 1.25 * lin + 1e-4, (err, lin)
@@ -627,23 +624,19 @@ def test_gpu_down_gemm_refuses_what_it_does_not_take(fused_mlp, gpu_tg):
         op(torch.empty(128, 32, **bf), h, w, None, False)
     with pytest.raises(RuntimeError, match="bias"):
         op(torch.empty(128, 64, **bf), h, w, torch.randn(32, **bf), False)
-    with pytest.raises(RuntimeError, match="cluster must be 2 or 4, got 3"):
-        op(torch.empty(128, 64, **bf), h, w, None, False, 3)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode,cluster", [("kernel", 2), ("kernel4", 4)])
 @pytest.mark.parametrize("m", [1, 77, 128, 129])
-def test_gpu_ops_with_the_one_kernel_form_forced(fused_mlp, gpu_tg, monkeypatch, m, mode, cluster):
+def test_gpu_ops_with_the_one_kernel_form_forced(fused_mlp, gpu_tg, monkeypatch, m):
     """gated_mlp and mlp (nn.Linear's layout, with biases; and Conv1D's, whose [N, K] view of
-    the weight is not K-contiguous) with FUSED_MLP_DOWN_SPLIT=kernel / kernel4: the kernel in
-    that cluster where its rule allows (M <= 128, K-contiguous weight), F.linear elsewhere;
-    right either way."""
+    the weight is not K-contiguous) with FUSED_MLP_DOWN_SPLIT=kernel: the kernel where its rule
+    allows (M <= 128, K-contiguous weight), F.linear elsewhere; right either way."""
     _need_down_kernel(fused_mlp, gpu_tg)
-    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", mode)
-    calls = spy(monkeypatch, gpu_tg._sm90, "down", lambda a: (a[0].shape[0], a[3], a[4]))
+    monkeypatch.setenv("FUSED_MLP_DOWN_SPLIT", "kernel")
+    calls = spy(monkeypatch, gpu_tg._sm90, "down", lambda a: (a[0].shape[0], a[3]))
     _check_the_ops(fused_mlp, m)
-    assert calls == ([(m, True, cluster)] * 2 if m <= 128 else [])  # gated_mlp and mlp's linear layout
+    assert calls == ([(m, True)] * 2 if m <= 128 else [])  # gated_mlp and mlp's linear layout
 
 
 @pytest.mark.gpu

@@ -148,7 +148,7 @@ if has micro-down; then
   # (one file for all the checks: the device tool brings back at most 8 files a call)
   modes=""
   : > "$OUT/down_stream_checks.txt"
-  for md in pair global quad pkg pkg4; do
+  for md in pair global quad pkg; do
     timeout ${DOWN_CHECK_TIMEOUT:-90} $PY benchmarks/micro/down_stream.py --check-only --modes "$md" > "$ROOT/.probe/check.txt" 2>&1
     rc=$?
     { cat "$ROOT/.probe/check.txt"; echo "down_stream.py --check-only --modes $md: exit $rc"; } >> "$OUT/down_stream_checks.txt"
@@ -158,7 +158,7 @@ if has micro-down; then
   done
   timeout 300 $PY benchmarks/micro/down_stream.py --modes "$modes" --out "$OUT/down_stream_${GPU_TAG}.json" > "$OUT/down_stream_${GPU_TAG}.txt" 2>&1
   echo "down_stream.py exit $?" | tee -a "$LOG"
-  grep -E "^\[(check|gemm check|occupancy|stream|verdict)\]|Traceback|Error" "$OUT/down_stream_${GPU_TAG}.txt" | tail -70 | tee -a "$LOG"
+  grep -E "^\[(check|gemm check|occupancy|stream|verdict|choice)\]|Traceback|Error" "$OUT/down_stream_${GPU_TAG}.txt" | tail -70 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead

@@ -4,9 +4,8 @@ F.linear (FUSED_MLP_DOWN_SPLIT=0) or split in 2 / 4 (the switch forced), at few 
 (session 36): the split form makes ~3 host calls where F.linear makes one, which matters for
 eager callers whose calls are host-bound. Beside it, the same calls' events time back to back
 (do_bench median): where that is near the host time, eager calls are launch-bound. Where the
-build has down_gemm_sm90 (main since session 51), its forms too at M <= 128 (=kernel /
-=kernel4: one launch and one allocation, like F.linear; whether eager calls could take them is
-this question again).
+build has down_gemm_sm90 (main since session 51), it too at M <= 128 (=kernel: one launch and
+one allocation, like F.linear; whether eager calls could take it is this question again).
 
 Host time: 30 calls enqueued behind a sleeping kernel (so the launch queue never waits on the
 GPU), per call, in 5 interleaved rounds; the median.
@@ -34,7 +33,7 @@ from _common import local_package, median_us, swiglu_operands, with_env, write_r
 
 ENV = "FUSED_MLP_DOWN_SPLIT"
 CALLS = 30
-KERNEL_VALUES = ("kernel", "kernel4")  # the one-kernel forms' values of the switch (M <= 128)
+KERNEL_VALUES = ("kernel",)  # the one-kernel form's value of the switch (M <= 128)
 
 
 def host_us_behind_sleep(fn) -> float:

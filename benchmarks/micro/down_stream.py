@@ -22,12 +22,12 @@ reduce), beside what the op runs today, in one process:
                    also with 4 stages, gq_s4, small enough for two CTAs an SM)
   gu_X             our gate/up kernel, then form X (the down GEMM's context in the op: L2 clean,
                    h just written)
-  pkg[4], gu_pkg[4]_pdl  the package's own down_gemm_sm90 in clusters of 2 [4] (where the build
-                   has it: main since session 51), alone and after the gate/up kernel with its
-                   programmatic edge
+  pkg, gu_pkg_pdl  the package's own down_gemm_sm90 (where the build has it: main since session
+                   51), alone and after the gate/up kernel with its programmatic edge (its
+                   cluster-of-4 form, pkg4, was dropped in session 52)
   op_split2        the op captured with FUSED_MLP_DOWN_SPLIT=2 (the split main's graphs pick at
-  op_kernel[4]     M 128) and with =kernel [=kernel4] (down_gemm_sm90): the A/B that decides
-                   the branch
+  op_kernel        M 128 without the kernel) and with =kernel (down_gemm_sm90): the A/B that
+                   decided the merge
 
 --diag (session 51) times only the pair form's diagnostic variants beside the GEMM and its
 stream, alone (no op context), to split the GEMM's time over its stream: g_s9 (9 stages),
@@ -36,13 +36,13 @@ g_s8_nomma (no MMAs), g_s8_nofinish (no hand-off, no stores), g_s8_nomma_nofinis
 whose results are right are checked as the GEMM forms are first.
 
 --verdict F reads a results file of this script and says (exit status 0 / 1) whether op_kernel
-or op_kernel4 beats op_split2 by at least --margin-us in both evictions (no GPU needed).
+beats op_split2 by at least --margin-us in both evictions (no GPU needed).
 
 Each form is a CUDA graph, timed by events around replays, interleaved, L2 evicted by a 256 MiB
 fill and by a read (_common.interleaved_us). Each probe form's landed bytes are checked once (a
 sum of one word per box, against the same words summed here); the GEMM's output, poisoned
 before each check, against fp64 on several shapes (odd M, K and N included) and run twice for
-the same bits. --modes picks the GEMM forms (pair: g, global: gm, quad: gq, pkg / pkg4: the package's;
+the same bits. --modes picks the GEMM forms (pair: g, global: gm, quad: gq, pkg: the package's;
 default all); --check-only runs their checks and stops (gpu_session.sh checks each form in a
 process of its own first, so that one that hangs costs only its own timeout).
 
@@ -96,9 +96,9 @@ def expected_sink(wd: torch.Tensor, h: torch.Tensor, rb: int, hmode: int) -> int
 
 # The GEMM's forms (--modes): down_stream.cu's GemmMode codes, and the package's kernel.
 GEMM_MODES = {"pair": 0, "global": 1, "quad": 2}
-# pkg / pkg4: the package's down_gemm_sm90 in clusters of 2 / 4 (where the build has it), and
-# the FUSED_MLP_DOWN_SPLIT value that makes the op take it (the op so captured: op_<value>)
-PKG_FORMS = {"pkg": (2, "kernel"), "pkg4": (4, "kernel4")}
+# pkg: the package's down_gemm_sm90 (where the build has it), and the FUSED_MLP_DOWN_SPLIT value
+# that makes the op take it (the op so captured: op_<value>)
+PKG_FORMS = {"pkg": "kernel"}
 MODES = tuple(GEMM_MODES) + tuple(PKG_FORMS)
 MCAST_MODES = ("global", "quad")  # the probe's forms that multicast h between row blocks: N % 128
 PREFIX = {"pair": "g", "global": "gm", "quad": "gq"}  # form names: PREFIX_s8[_pdl], gu_PREFIX_...
@@ -145,11 +145,11 @@ DIAG_FORMS = {"g_s9": (9, 0, True), "g_s8_wait0": (8, 4, True), "g_s8_nomma": (8
               "g_s8_nofinish": (8, 2, False), "g_s8_nomma_nofinish": (8, 3, False)}
 
 
-VERDICT_FORMS = tuple(f"op_{value}" for _, value in PKG_FORMS.values())  # op_kernel, op_kernel4
+VERDICT_FORMS = tuple(f"op_{value}" for value in PKG_FORMS.values())  # op_kernel
 
 
 def verdict(rows: list, margin_us: float) -> tuple[bool, str]:
-    """Whether op_kernel's or op_kernel4's median is at least margin_us under op_split2's in every
+    """Whether op_kernel's median is at least margin_us under op_split2's in every
     eviction the rows hold, and a line per form saying by how much. A form missing from an
     eviction's rows (a build without the kernel, a form whose check failed) does not pass."""
     us = {(r["eviction"], r["form"]): r["us"] for r in rows}
@@ -226,7 +226,7 @@ def measure(args, modes: list) -> None:
         modes = [md for md in modes if md not in PKG_FORMS]
     if args.diag:
         modes = ["pair"]
-    launchers = {md: ((lambda hh, w, y, c=PKG_FORMS[md][0]: pkg(y, hh, w, None, False, c)) if md in PKG_FORMS
+    launchers = {md: ((lambda hh, w, y: pkg(y, hh, w, None, False)) if md in PKG_FORMS
                       else (lambda hh, w, y, md=md: gemm(hh, w, y, 8, False, md)())) for md in modes}
     if args.diag:  # the variants whose result is right
         launchers.update({name: (lambda hh, w, y, st=st, d=d: gemm(hh, w, y, st, False, "pair", d)())
@@ -311,10 +311,10 @@ def measure(args, modes: list) -> None:
         forms["op_split2"] = op_as("2")
         split2 = forms["op_split2"]()
     for md in pkg_modes:
-        c, value = PKG_FORMS[md]
+        value = PKG_FORMS[md]
         ypkg[md] = yp = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        forms[md] = lambda yp=yp, c=c: pkg(yp, h, wd, None, False, c)
-        forms[f"gu_{md}_pdl"] = lambda yp=yp, c=c: (gu(), pkg(yp, hbuf, wd, None, True, c))
+        forms[md] = lambda yp=yp: pkg(yp, h, wd, None, False)
+        forms[f"gu_{md}_pdl"] = lambda yp=yp: (gu(), pkg(yp, hbuf, wd, None, True))
         op_name = f"op_{value}"
         forms[op_name] = op_as(value)
         b = forms[op_name]()
@@ -334,6 +334,9 @@ def measure(args, modes: list) -> None:
             forms[name] = lambda run_g=run_g: (gu(), run_g())
             gu_checked.append(name)
     replays = {name: graphed(f) for name, f in forms.items()}
+    # What the op's timed choice (the "op" form's warm-up, its first default-mode call) measured
+    # in this process: session 51's "op" did not take the kernel here while bench_mlp's did.
+    down_choice = down_choice_report(fm)
     # the GEMM after the gate/up kernel, in its graph, poisoned, against the op's output
     gu_outputs = {**{name: yg for name in gu_checked}, **{f"gu_{md}_pdl": ypkg[md] for md in pkg_modes}}
     for name, y in gu_outputs.items():
@@ -345,10 +348,30 @@ def measure(args, modes: list) -> None:
         print(f"[gemm check] {name}: rel err vs the op's output {err:.2e}", flush=True)
         if not bool(torch.isfinite(y).all()) or err > 1e-2:
             raise SystemExit(f"{name} is wrong; no timing")
-    time_and_report(args, modes, replays, checks, errors, m, graphs=False)
+    time_and_report(args, modes, replays, checks, errors, m, graphs=False, down_choice=down_choice)
 
 
-def time_and_report(args, modes: list, forms: dict, checks: dict, errors: dict, m: int, graphs: bool = True) -> None:
+def down_choice_report(fm) -> list:
+    """The down projection's timed choices so far (triton_gemm._DOWN_CHOICE and _DOWN_TIMES), one
+    printed line and one entry per shape bucket: the forms' median ms and the form taken (1
+    F.linear, 2 / 4 the splits, 0 the one-kernel form)."""
+    import importlib
+
+    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+    out = []
+    for key, times in tg._DOWN_TIMES.items():
+        bucket, n, k = key[:3]
+        entry = {"m_bucket": bucket, "n": n, "k": k, "dtype": str(key[3]), "bias": key[5],
+                 "chosen": tg._DOWN_CHOICE.get(key), "ms": {str(f): t for f, t in times.items()}}
+        out.append(entry)
+        print(f"[choice] M bucket {bucket} N {n} K {k} {key[3]} bias {key[5]}: "
+              + ", ".join(f"form {f} {t * 1e3:.1f} us" for f, t in times.items())
+              + f" -> form {entry['chosen']}", flush=True)
+    return out
+
+
+def time_and_report(args, modes: list, forms: dict, checks: dict, errors: dict, m: int, graphs: bool = True,
+                    down_choice: list | None = None) -> None:
     """Each form as a CUDA graph (unless already), interleaved under both evictions; rows printed
     and written to --out with the verdict."""
     replays = {name: graphed(f) for name, f in forms.items()} if graphs else forms
@@ -359,7 +382,7 @@ def time_and_report(args, modes: list, forms: dict, checks: dict, errors: dict, 
                          "check": checks.get(name)})
             print(f"[stream] {mode:4s} {name:26s} {us:7.1f} us  rounds " + " ".join(f"{t:.1f}" for t in rounds),
                   flush=True)
-    write_report(args.out, rows, modes=modes,  # run_info gives the command line
+    write_report(args.out, rows, modes=modes, down_choice=down_choice,  # run_info gives the command line
                  gemm_rel_err_vs_fp64={f"m{a}_n{b}_k{c}_{md}": e for (a, b, c, md), e in errors.items()})
     if not args.diag:
         print(f"[verdict] {verdict(rows, args.margin_us)[1]}", flush=True)

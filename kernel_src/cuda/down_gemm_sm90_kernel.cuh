@@ -10,14 +10,12 @@
 // there is no second kernel and no fp32 partial sums in global memory.
 //
 // CTA pair (cluster) r owns out[:, 64 r, 64 r + 64), rank p the K steps [S p / 2, S (p + 1) / 2)
-// of S = ceil(K / 64). The quad form (kQuad, clusters of 4; NOTES session 49) puts two adjacent
-// row blocks in one cluster: rank 2 p + j computes K part p of row block 2 c + j; ranks r and
-// r ^ 1 (one K part) each load half of h's box and multicast it to both, halving h's reads from
-// L2, and ranks r and r ^ 2 (one row block) add their partial tiles as the pair does. 160 threads:
+// of S = ceil(K / 64). (A form with two row blocks in a cluster of 4 sharing h's loads through
+// multicast was measured 14 us slower at N 4096 and dropped: NOTES, sessions 49-52.) 160 threads:
 //   warps 0-3  one MMA warp group: per K step four wgmma m64n128k16 with W's 64 x 64 box as A
 //              and h's 128 x 64 box as B, i.e. the output tile transposed (64 W rows x 128
 //              tokens, 64 fp32 registers a thread; token rows of h past M are the TMA's zeros).
-//   warp 4     lane 0 issues the TMA loads into a ring of down_stages() stages (24 KB each).
+//   warp 4     lane 0 issues the TMA loads into a ring of kDownStages stages (24 KB each).
 // After the K loop each CTA hands the half of its partial tile it does not finish to its peer
 // (K part 0 finishes tokens 0-63, part 1 tokens 64-127): each sums its own and the peer's part
 // (p0 + p1 either way round: the same bits), adds the bias, rounds once and stores through a
@@ -37,27 +35,14 @@ namespace sm90 {
 #ifndef FUSED_MLP_SM90_DOWN_STAGES
 #define FUSED_MLP_SM90_DOWN_STAGES 8
 #endif
-// The quad form's ring is shallower: at 4 stages (98 KB) two CTAs fit an SM, so its clusters of
-// 4 need not find four free SMs in one GPC (session 19: at most 30 clusters of 4 one-CTA-per-SM
-// CTAs are resident on the H200, and N 4096 needs 32).
-#ifndef FUSED_MLP_SM90_DOWN_QUAD_STAGES
-#define FUSED_MLP_SM90_DOWN_QUAD_STAGES 4
-#endif
+constexpr int kDownStages = FUSED_MLP_SM90_DOWN_STAGES;
 constexpr int kDownThreads = 160;
 constexpr int kDownMaxM = 128;
 constexpr uint32_t kDownBytesW = 64 * kBK * 2, kDownBytesH = kDownMaxM * kBK * 2;
 constexpr uint32_t kDownStage = kDownBytesW + kDownBytesH;
 constexpr int kDownOutStride = 72;  // elements per staged token row (64 + 8: 144 bytes, 16-byte aligned)
-template <bool kQuad>
-__host__ __device__ constexpr int down_stages() {
-  return kQuad ? FUSED_MLP_SM90_DOWN_QUAD_STAGES : FUSED_MLP_SM90_DOWN_STAGES;
-}
-template <bool kQuad>
-__host__ __device__ constexpr int down_smem() {  // the ring and its two barriers a stage
-  return down_stages<kQuad>() * int(kDownStage) + 16 * down_stages<kQuad>();
-}
-static_assert(32 * 128 * 4 + 64 * kDownOutStride * 2 <= down_stages<false>() * int(kDownStage) &&
-                  32 * 128 * 4 + 64 * kDownOutStride * 2 <= down_stages<true>() * int(kDownStage),
+constexpr int kDownSmem = kDownStages * int(kDownStage) + 16 * kDownStages;  // the ring and its two barriers a stage
+static_assert(32 * 128 * 4 + 64 * kDownOutStride * 2 <= kDownStages * int(kDownStage),
               "the hand-off and the staging tile must fit in the ring");
 
 struct DownParams {
@@ -124,68 +109,45 @@ __device__ __forceinline__ void down_finish(const float (&acc)[64], uint8_t* sme
 
 #endif
 
-template <typename T, bool kQuad>
+template <typename T>
 __global__ void __launch_bounds__(kDownThreads, 1)
     down_gemm_kernel(const __grid_constant__ CUtensorMap mw, const __grid_constant__ CUtensorMap mh,
                      const DownParams p) {
 #if defined(FUSED_MLP_SM90_DEVICE)
   extern __shared__ __align__(1024) uint8_t smem[];
-  constexpr int kDownStages = down_stages<kQuad>();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + size_t(kDownStages) * kDownStage);
   uint64_t* empty = full + kDownStages;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const uint32_t rank = cluster_rank();
-  const int part = kQuad ? int(rank / 2) : int(rank);
-  const int n0 = (kQuad ? int(blockIdx.x / 4) * 2 + int(rank % 2) : int(blockIdx.x / 2)) * 64;
-  const uint32_t half = rank % 2;                            // kQuad: the half of h this CTA loads
-  const uint16_t pair_mask = uint16_t(0x3u << (rank & ~1u));  // kQuad: ranks r and r ^ 1
+  const int part = int(cluster_rank());
+  const int n0 = int(blockIdx.x / 2) * 64;
   const int ksteps = (p.K + kBK - 1) / kBK, kb0 = ksteps * part / 2;
   const int steps = ksteps * (part + 1) / 2 - kb0;
   if (tid == 0) {
     for (int s = 0; s < kDownStages; ++s) {
       bar_init(&full[s], 1);
-      bar_init(&empty[s], kQuad ? 2 : 1);  // kQuad: both CTAs a stage's h lands in free it
+      bar_init(&empty[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if constexpr (kQuad) cluster_sync();  // the partner's barriers exist before its half of h lands there
   if (warp == 4) {
     if (lane == 0) {
       // with pdl, the first ring's W boxes before the wait (W is not the previous kernel's output)
       const int pre = p.pdl ? (steps < kDownStages ? steps : kDownStages) : 0;
-      // No box wholly outside its tensor is loaded (the stage keeps stale data there instead,
-      // which reaches only rows and tokens that are never stored). kQuad: the pair's second row
-      // block may lie wholly past N (N not a multiple of 128): its CTAs load no W but still
-      // send their half of h. And with M <= 64 the second half of h is all past M: not loaded.
-      const bool has_w = n0 < p.N;
-      const bool my_half = !kQuad || int(half) * (kDownMaxM / 2) < p.M;
-      const uint32_t h_tx = (kQuad && p.M <= kDownMaxM / 2) ? kDownBytesH / 2 : kDownBytesH;
-      const uint32_t stage_tx = (has_w ? kDownBytesW : 0u) + h_tx;
       for (int i = 0; i < pre; ++i) {
-        bar_expect_tx(&full[i], stage_tx);
-        if (has_w) tma_load(smem + size_t(i) * kDownStage, &mw, &full[i], (kb0 + i) * kBK, n0, 0);
+        bar_expect_tx(&full[i], kDownStage);
+        tma_load(smem + size_t(i) * kDownStage, &mw, &full[i], (kb0 + i) * kBK, n0, 0);
       }
       if (p.pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-      // h's 128 x 64 box of K step k into stage st: by itself, or (kQuad) this CTA's 64-row half
-      // to both CTAs of its pair (the partner sends the other half)
-      auto load_h = [&](uint8_t* st, uint64_t* bar, int k) {
-        if constexpr (kQuad) {
-          if (my_half)
-            tma_load_multicast(st + kDownBytesW + half * (kDownBytesH / 2), &mh, bar, k, int(half) * (kDownMaxM / 2),
-                               pair_mask, 0);
-        } else {
-          tma_load(st + kDownBytesW, &mh, bar, k, 0, 0);
-        }
-      };
-      for (int i = 0; i < pre; ++i) load_h(smem + size_t(i) * kDownStage, &full[i], (kb0 + i) * kBK);
+      for (int i = 0; i < pre; ++i)
+        tma_load(smem + size_t(i) * kDownStage + kDownBytesW, &mh, &full[i], (kb0 + i) * kBK, 0, 0);
       for (int i = pre; i < steps; ++i) {
         const int s = i % kDownStages, k = (kb0 + i) * kBK;
         if (i >= kDownStages) bar_wait(&empty[s], ((i / kDownStages) - 1) & 1);
-        bar_expect_tx(&full[s], stage_tx);
+        bar_expect_tx(&full[s], kDownStage);
         uint8_t* st = smem + size_t(s) * kDownStage;
-        if (has_w) tma_load(st, &mw, &full[s], k, n0, 0);
-        load_h(st, &full[s], k);
+        tma_load(st, &mw, &full[s], k, n0, 0);
+        tma_load(st + kDownBytesW, &mh, &full[s], k, 0, 0);
       }
     }
     __syncwarp();
@@ -205,20 +167,16 @@ __global__ void __launch_bounds__(kDownThreads, 1)
       wgmma_commit();
       fence_regs(acc);
       wgmma_wait<1>();
-      if (i > 0 && tid == 0) {
-        bar_arrive(&empty[(i - 1) % kDownStages]);
-        if constexpr (kQuad) bar_arrive_cluster(&empty[(i - 1) % kDownStages], rank ^ 1u);
-      }
+      if (i > 0 && tid == 0) bar_arrive(&empty[(i - 1) % kDownStages]);
     }
     wgmma_wait<0>();
     fence_regs(acc);
     // every stage landed and was read: the hand-off and the staging tile go over the ring
     asm volatile("bar.sync 1, 128;\nfence.proxy.async.shared::cta;" ::: "memory");
-    constexpr unsigned kPeer = kQuad ? 2u : 1u;  // the other K part of this row block
     if (part == 0) {
-      down_finish<T, 0, kPeer>(acc, smem, p, n0, tid);
+      down_finish<T, 0, 1u>(acc, smem, p, n0, tid);
     } else {
-      down_finish<T, 32, kPeer>(acc, smem, p, n0, tid);
+      down_finish<T, 32, 1u>(acc, smem, p, n0, tid);
     }
   }
   __syncwarp();

@@ -409,12 +409,10 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
 
 // out = h W^T (+ bias) for h [M, K] with M <= 128 and weight [N, K] (nn.Linear's layout, K
 // contiguous), bias [N] or none, in one kernel (down_gemm_sm90_kernel.cuh): the MLP's down
-// projection at few tokens, its two K halves reduced in a cluster of 2 (cluster 2), or two
-// adjacent row blocks in a cluster of 4 that also share h's loads (cluster 4). pdl: launched
-// with a programmatic edge from the previous kernel in the stream, which then must not write
-// weight.
+// projection at few tokens, its two K halves reduced in a cluster of 2. pdl: launched with a
+// programmatic edge from the previous kernel in the stream, which then must not write weight.
 void down_gemm_sm90(at::Tensor& out, const at::Tensor& h, const at::Tensor& weight,
-                    const c10::optional<at::Tensor>& bias, bool pdl, int64_t cluster) {
+                    const c10::optional<at::Tensor>& bias, bool pdl) {
   const int device = check_common("down_gemm_sm90", h, "h", 0);
   const DeviceScope scope(h);
   check_rows("down_gemm_sm90", h, "h", h);
@@ -426,7 +424,6 @@ void down_gemm_sm90(at::Tensor& out, const at::Tensor& h, const at::Tensor& weig
                   out.sizes());
   FUSED_MLP_CHECK(M <= kDownMaxM, "fused_mlp: down_gemm_sm90 takes at most ", kDownMaxM, " rows of h, got ", M);
   FUSED_MLP_CHECK(K > 0, "fused_mlp: down_gemm_sm90 needs K > 0");
-  FUSED_MLP_CHECK(cluster == 2 || cluster == 4, "fused_mlp: down_gemm_sm90's cluster must be 2 or 4, got ", cluster);
   check_sizes("down_gemm_sm90", M, N, K);
   check_bias("down_gemm_sm90", bias, "bias", h, N);
   if (M == 0 || N == 0) return;
@@ -439,28 +436,22 @@ void down_gemm_sm90(at::Tensor& out, const at::Tensor& h, const at::Tensor& weig
   p.N = static_cast<int>(N);
   p.K = static_cast<int>(K);
   p.pdl = pdl ? 1 : 0;
-  const bool quad = cluster == 4;
-  // quad: each CTA of a pair loads half of h's rows (and multicasts them)
-  const CUtensorMap mw = tensor_map(weight, kBK, 64, "weight"),
-                    mh = tensor_map(h, kBK, quad ? kDownMaxM / 2 : kDownMaxM, "h");
+  const CUtensorMap mw = tensor_map(weight, kBK, 64, "weight"), mh = tensor_map(h, kBK, kDownMaxM, "h");
   const bool bf16 = h.scalar_type() == at::kBFloat16;
-  auto kernel = bf16 ? (quad ? down_gemm_kernel<__nv_bfloat16, true> : down_gemm_kernel<__nv_bfloat16, false>)
-                     : (quad ? down_gemm_kernel<__half, true> : down_gemm_kernel<__half, false>);
-  const int smem = quad ? down_smem<true>() : down_smem<false>();
-  static bool smem_set[2][2][64] = {};  // per dtype, form and device; setting it twice in a race is harmless
-  if (device >= 64 || !smem_set[bf16][quad][device]) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    if (device < 64) smem_set[bf16][quad][device] = true;
+  auto kernel = bf16 ? down_gemm_kernel<__nv_bfloat16> : down_gemm_kernel<__half>;
+  static bool smem_set[2][64] = {};  // per dtype and device; setting it twice in a race is harmless
+  if (device >= 64 || !smem_set[bf16][device]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDownSmem));
+    if (device < 64) smem_set[bf16][device] = true;
   }
   cudaLaunchConfig_t cfg = {};
-  // pair: 2 CTAs per 64-row block; quad: 4 per two 64-row blocks (the second may lie past N)
-  cfg.gridDim = dim3(static_cast<unsigned>(quad ? (N + 127) / 128 * 4 : (N + 63) / 64 * 2));
+  cfg.gridDim = dim3(static_cast<unsigned>((N + 63) / 64 * 2));  // 2 CTAs (K halves) per 64-row block
   cfg.blockDim = dim3(kDownThreads);
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = kDownSmem;
   cfg.stream = c10::cuda::getCurrentCUDAStream(device);
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr[0].val.clusterDim.x = 2;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -489,7 +480,7 @@ FUSED_MLP_LIBRARY_FRAGMENT(TORCH_EXTENSION_NAME, ops) {
       "linear_act_sm90(Tensor! out, Tensor x, Tensor weight, Tensor? bias, Tensor(a!)? pre, int activation, "
       "bool weight_kn=False) -> ()");
   ops.impl("linear_act_sm90", c10::kCUDA, &fused_mlp::sm90::linear_act_sm90);
-  ops.def("down_gemm_sm90(Tensor! out, Tensor h, Tensor weight, Tensor? bias, bool pdl=False, int cluster=2) -> ()");
+  ops.def("down_gemm_sm90(Tensor! out, Tensor h, Tensor weight, Tensor? bias, bool pdl=False) -> ()");
   ops.impl("down_gemm_sm90", c10::kCUDA, &fused_mlp::sm90::down_gemm_sm90);
   // What gated_gemm_sm90 would launch for M x N on the current device, as integers: block_n,
   // tiles, tail_split, tail_first, h_only (for inference). For tests and benchmarks: the narrow

@@ -23,7 +23,7 @@ void linear_act_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
                      int64_t activation, bool weight_kn);
 
 void down_gemm_sm90(at::Tensor& out, const at::Tensor& h, const at::Tensor& weight,
-                    const c10::optional<at::Tensor>& bias, bool pdl, int64_t cluster);
+                    const c10::optional<at::Tensor>& bias, bool pdl);
 
 }  // namespace sm90
 }  // namespace fused_mlp

@@ -15,11 +15,10 @@ gated_gemm_sm90.cu).
     mlp_train(x, fc_weight, fc_bias, proj_weight, proj_bias, activation_id, ones, conv1d)
         the plain MLP in nn.Linear's or Conv1D's layout likewise (linear_act, cuBLAS;
         backward: dact, cuBLAS), where mlp_train_usable says so
-    down(h, weight, bias, pdl, cluster)
+    down(h, weight, bias, pdl)
         h W^T + b in one kernel for at most 128 rows of h (down_gemm_sm90_kernel.cuh: the two
-        K halves of each 64-row block of W reduced in a cluster of 2, or two such blocks in a
-        cluster of 4 sharing h's loads), where down_usable says so: two of the down
-        projection's timed forms (triton_gemm.down_parts)
+        K halves of each 64-row block of W reduced in a cluster of 2), where down_usable says
+        so: one of the down projection's timed forms (triton_gemm.down_parts)
 
 Builds include them only for sm_90a (build.toml's `fused_mlp_sm90` kernel). triton_gemm
 calls them instead of its own kernels (gated_linear, linear_act, linear_dact) wherever
@@ -80,7 +79,7 @@ if torch._C._dispatch_has_kernel(add_op_namespace_prefix(_DACT_OP)):
     )
 if _HAS_DOWN_OP:
     torch.library.register_fake(add_op_namespace_prefix(_DOWN_OP))(
-        lambda out, h, weight, bias, pdl=False, cluster=2: None
+        lambda out, h, weight, bias, pdl=False: None
     )
 
 
@@ -238,13 +237,13 @@ def down_usable(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     return _device_ok(_index(h)) and _rows_ok(h) and _rows_ok(weight) and _bias_ok(bias)
 
 
-def down(h: Tensor, weight: Tensor, bias: Optional[Tensor], pdl: bool = False, cluster: int = 2) -> Tensor:
-    """h W^T + b as a new [M, N] tensor (down_usable's tensors). pdl: launched with a
-    programmatic edge from the previous kernel in the stream; the W loads may then overlap that
-    kernel, so only where it does not write weight (the MLP's first GEMM, say). cluster: 2 (the
-    K halves of a 64-row block of W) or 4 (two such blocks, h's loads shared); the same bits."""
+def down(h: Tensor, weight: Tensor, bias: Optional[Tensor], pdl: bool = False) -> Tensor:
+    """h W^T + b as a new [M, N] tensor (down_usable's tensors), the two K halves of each 64-row
+    block of W in a cluster of 2. pdl: launched with a programmatic edge from the previous kernel
+    in the stream; the W loads may then overlap that kernel, so only where it does not write
+    weight (the MLP's first GEMM, say)."""
     out = torch.empty((h.shape[0], weight.shape[0]), device=h.device, dtype=h.dtype)
-    ops.down_gemm_sm90(out, h, weight, bias, pdl, cluster)
+    ops.down_gemm_sm90(out, h, weight, bias, pdl)
     return out
 
 

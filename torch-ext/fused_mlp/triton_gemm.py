@@ -1197,33 +1197,28 @@ def dual_matmul(a1: Tensor, a2: Tensor, w1: Tensor, w2: Tensor, out: Tensor, acc
 #       first, or FUSED_MLP_AUTOTUNE=0, leaves F.linear.
 #   "auto": the same choice in every call, eager ones too (for callers whose GPU is the
 #       bottleneck, not the host).
-#   "2" / "4": that split wherever the rule (split_parts_allowed) allows it; "kernel" /
-#       "kernel4": the one-kernel form below (clusters of 2 / 4) wherever sm90.down_usable
-#       allows it; "0": F.linear.
-# The one-kernel forms (sm_90a builds, M <= 128): down_gemm_sm90 streams W once with the two K
-# halves of each 64-row block reduced inside a cluster of 2 (_ONE_KERNEL), or of 4 that holds
-# two such blocks and shares h's loads between them (_ONE_KERNEL4: half of h's reads from L2),
-# so there is no second kernel at all; launched with a programmatic edge (its first W loads
-# overlap the end of the first GEMM, which writes h and never the weight). Timed candidates
-# beside the splits (NOTES, sessions 48-49); both give the same bits.
+#   "2" / "4": that split wherever the rule (split_parts_allowed) allows it; "kernel": the
+#       one-kernel form below wherever sm90.down_usable allows it; "0": F.linear.
+# The one-kernel form (sm_90a builds, M <= 128): down_gemm_sm90 streams W once with the two K
+# halves of each 64-row block reduced inside a cluster of 2 (_ONE_KERNEL), so there is no second
+# kernel at all; launched with a programmatic edge (its first W loads overlap the end of the
+# first GEMM, which writes h and never the weight). A timed candidate beside the splits (NOTES,
+# sessions 48-52; a cluster-of-4 variant sharing h's loads never won and was dropped).
 # The timing (_device_time_ms) queues the calls behind a sleeping kernel so that it sees GPU
 # time, not the host's: timed as eager calls back to back, the split form is host-bound on the
 # H200 machine's CPU (session 35: M 128 65 us against F.linear's 38, as graphs 37 against 39).
 _SPLIT_PARTS = (2, 4)
 _SPLIT_MAX_M = 512
-# The form codes of down_gemm_sm90 (clusters of 2, of 4) in down_parts' results and _DOWN_CHOICE
-# (1 is F.linear, 2 / 4 the splits).
+# The form code of down_gemm_sm90 in down_parts' results and _DOWN_CHOICE (1 is F.linear, 2 / 4
+# the splits).
 _ONE_KERNEL = 0
-_ONE_KERNEL4 = -1
-_KERNEL_CLUSTER = {_ONE_KERNEL: 2, _ONE_KERNEL4: 4}  # form code -> down_gemm_sm90's cluster
-_KERNEL_MODES = {"kernel": _ONE_KERNEL, "kernel4": _ONE_KERNEL4}  # FUSED_MLP_DOWN_SPLIT value -> form code
 # A split (or the one-kernel) form is kept only if it is at least this much faster than
 # F.linear when timed.
 _SPLIT_MIN_GAIN = 0.01
 # Interleaved rounds of that timing; each form is judged by its median round.
 _DOWN_ROUNDS = 3
 # (M bucket, N, K, dtype, device, bias, weight K-contiguous) -> form (1: F.linear, 2 / 4: split,
-# _ONE_KERNEL / _ONE_KERNEL4: down_gemm_sm90)
+# _ONE_KERNEL: down_gemm_sm90)
 _DOWN_CHOICE: dict[tuple, int] = {}
 # the same key -> {form: ms} as timed (1: F.linear), for inspection
 _DOWN_TIMES: dict[tuple, dict] = {}
@@ -1350,24 +1345,24 @@ def _device_time_ms(fn, reps: int = 20) -> float:
     return _loop_ms(fn, reps)
 
 
-_DOWN_MODES = ("graphs", "auto") + tuple(_KERNEL_MODES) + tuple(str(s) for s in _SPLIT_PARTS)
+_DOWN_MODES = ("graphs", "auto", "kernel") + tuple(str(s) for s in _SPLIT_PARTS)
 
 
 def down_forms_allowed(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> tuple:
     """The forms besides F.linear that down_linear may take for these tensors: the split counts
-    split_parts_allowed gives, and _ONE_KERNEL and _ONE_KERNEL4 where sm90.down_usable says so."""
+    split_parts_allowed gives, and _ONE_KERNEL where sm90.down_usable says so."""
     splits = split_parts_allowed(h, weight, bias)
-    return (splits + (_ONE_KERNEL, _ONE_KERNEL4)) if _sm90.down_usable(h, weight, bias) else splits
+    return (splits + (_ONE_KERNEL,)) if _sm90.down_usable(h, weight, bias) else splits
 
 
 def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
-    """How down_linear computes h W^T + b: 1 (F.linear), the split count, or _ONE_KERNEL /
-    _ONE_KERNEL4 (see above)."""
+    """How down_linear computes h W^T + b: 1 (F.linear), the split count, or _ONE_KERNEL (see
+    above)."""
     mode = os.environ.get("FUSED_MLP_DOWN_SPLIT", "graphs").strip().lower()
     if mode in _OFF_VALUES or mode == "1":  # "1": one part, i.e. F.linear
         return 1
     if mode not in _DOWN_MODES:
-        raise ValueError("FUSED_MLP_DOWN_SPLIT must be graphs (the default), auto, 2, 4, kernel, kernel4 or 0 "
+        raise ValueError("FUSED_MLP_DOWN_SPLIT must be graphs (the default), auto, 2, 4, kernel or 0 "
                          f"(off), got {mode!r}")
     if not h.is_cuda:
         return 1
@@ -1385,7 +1380,7 @@ def down_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor]) -> int:
             return 1
     allowed = down_forms_allowed(h, weight, bias)
     if allowed and mode not in ("graphs", "auto"):
-        forced = _KERNEL_MODES[mode] if mode in _KERNEL_MODES else int(mode)
+        forced = _ONE_KERNEL if mode == "kernel" else int(mode)
         return forced if forced in allowed else 1
     chosen = 1
     if allowed:
@@ -1428,8 +1423,8 @@ def _down_form(h: Tensor, weight: Tensor, bias: Optional[Tensor], form: int) -> 
     """h W^T + b by one of down_parts' forms."""
     if form == 1:
         return F.linear(h, weight, bias)
-    if form in _KERNEL_CLUSTER:
-        return _sm90.down(h, weight, bias, True, _KERNEL_CLUSTER[form])  # pdl: see down_linear
+    if form == _ONE_KERNEL:
+        return _sm90.down(h, weight, bias, True)  # pdl: see down_linear
     return split_linear(h, weight, bias, form)
 
 
