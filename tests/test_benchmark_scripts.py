@@ -451,7 +451,8 @@ def test_trace_events_reads_the_profiled_run_in_start_order():
     assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
 
 
-@pytest.mark.parametrize("rb,parts,hmode", [(64, 2, 0), (64, 2, 1), (64, 2, 2), (128, 4, 1), (128, 4, 2), (64, 1, 1)])
+@pytest.mark.parametrize("rb,parts,hmode", [(64, 2, 0), (64, 2, 1), (64, 2, 2), (128, 4, 1), (128, 4, 2), (64, 1, 1),
+                                            (128, 3, 1)])
 def test_down_stream_expected_sink_matches_a_walk_over_the_ctas(rb, parts, hmode):
     """micro/down_stream.py checks the probe's landed bytes by a closed-form sum; here it is
     compared with a walk over the probe's CTAs as the kernel assigns them (down_stream.cu's
@@ -512,6 +513,18 @@ def test_down_stream_verdict_cli_exit_status(kernel, want, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == (0 if want else 1), r.stdout + r.stderr
     assert r.stdout.startswith("[verdict] " + ("KERNEL WINS" if want else "no kernel form wins"))
+
+
+def test_down_stream_lists_its_gemm_modes_for_the_session_script():
+    """gpu_session.sh's micro-down step checks each form down_stream.py --list-modes prints, so
+    a form added to or dropped from the probe (session 52: pkg4) needs no edit of the script."""
+    ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
+    r = subprocess.run([sys.executable, str(BENCH / "micro" / "down_stream.py"), "--list-modes"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == list(ds.MODES) and "pkg" in ds.MODES and "pkg4" not in ds.MODES
+    session = (BENCH.parent / "tools" / "gpu_session.sh").read_text()
+    assert "down_stream.py --list-modes" in session
 
 
 def test_down_stream_refuses_an_unknown_gemm_mode_before_touching_the_gpu():

@@ -148,7 +148,7 @@ if has micro-down; then
   # (one file for all the checks: the device tool brings back at most 8 files a call)
   modes=""
   : > "$OUT/down_stream_checks.txt"
-  for md in pair global quad pkg; do
+  for md in $($PY benchmarks/micro/down_stream.py --list-modes); do
     timeout ${DOWN_CHECK_TIMEOUT:-90} $PY benchmarks/micro/down_stream.py --check-only --modes "$md" > "$ROOT/.probe/check.txt" 2>&1
     rc=$?
     { cat "$ROOT/.probe/check.txt"; echo "down_stream.py --check-only --modes $md: exit $rc"; } >> "$OUT/down_stream_checks.txt"

@@ -38,7 +38,7 @@ using namespace fused_mlp::sm90;
 
 struct Cfg {
   int rb;      // W_down rows per CTA (64 or 128)
-  int parts;   // K parts (1, 2 or 4)
+  int parts;   // K parts (1 to 4)
   int hmode;   // 0: no h; 1: each CTA loads h; 2: CTA pairs multicast h
   int stages;  // ring stages
   int ksteps;  // K / 64
@@ -355,11 +355,13 @@ CUtensorMap map2d(void* base, int cols, int rows, int box_rows) {
 
 }  // namespace
 
-// w: [n, k] bf16, h: [128, k] bf16 (k a multiple of 64 and of 64 x parts), sink: one u64.
+// w: [n, k] bf16, h: [128, k] bf16 (k a multiple of 64; part p of P streams K steps [S p / P, S (p + 1) / P)), sink: one u64.
 // Returns 0, or -1 for a configuration it does not take.
 extern "C" int down_stream_launch(void* w, void* h, int n, int k, int rb, int parts, int hmode, int stages,
                                   unsigned long long* sink, cudaStream_t stream) {
-  if ((rb != 64 && rb != 128) || n % (rb * (hmode == 2 ? 2 : 1)) || k % 64 || hmode < 0 || hmode > 2) return -1;
+  if ((rb != 64 && rb != 128) || parts < 1 || parts > 4 || n % (rb * (hmode == 2 ? 2 : 1)) || k % 64 || hmode < 0 ||
+      hmode > 2)
+    return -1;
   const CUtensorMap mw = map2d(w, k, n, 64), mh = map2d(h, k, 128, 128), mh_half = map2d(h, k, 128, 64);
   const Cfg c{rb, parts, hmode, stages, k / 64};
   const int smem = stages * (rb * 128 + (hmode ? 128 * 128 : 0)) + 16 * stages;

@@ -49,6 +49,7 @@ process of its own first, so that one that hangs costs only its own timeout).
     python3 benchmarks/micro/down_stream.py [--lib .probe/libdown_stream.so] [--out F] [--modes pair,quad]
     python3 benchmarks/micro/down_stream.py --diag [--out F]
     python3 benchmarks/micro/down_stream.py --verdict F [--margin-us 0.5]
+    python3 benchmarks/micro/down_stream.py --list-modes
 """
 
 from __future__ import annotations
@@ -76,7 +77,13 @@ CONFIGS = [  # (rows per CTA, K parts, h mode, stages)
     (128, 4, 1, 6),
     (128, 4, 2, 6),
     (64, 1, 1, 8),
+    (128, 3, 0, 6),  # session 52: 3 K parts, 96 CTAs (a cluster of 3 fits the GPU, 4 does not)
+    (128, 3, 1, 6),
 ]
+# The configurations also timed after the gate/up kernel (gu_<name>), as the op runs them: the
+# pair kernel's stream (rb 64, 2 parts) with and without h, and the 128-row blocks that read h
+# half as often (session 52: s_rb128_p4_h1 streamed 1.8 us under the pair's s_rb64_p2_h1 alone).
+GU_CONFIGS = CONFIGS[:4] + [(128, 4, 1, 6), (128, 3, 1, 6)]
 
 
 def name_of(rb: int, parts: int, hmode: int, stages: int) -> str:
@@ -182,7 +189,11 @@ def main() -> None:
                     help=f"comma-separated GEMM forms to check and time (default all: {','.join(MODES)})")
     ap.add_argument("--check-only", action="store_true", help="only check the --modes forms against fp64")
     ap.add_argument("--diag", action="store_true", help="time only the pair form's diagnostic variants")
+    ap.add_argument("--list-modes", action="store_true", help="print the GEMM forms' names (--modes) and exit")
     args = ap.parse_args()
+    if args.list_modes:  # gpu_session.sh's micro-down step checks each of them in its own process
+        print(" ".join(MODES))
+        return
     if args.verdict is not None:
         ok, text = verdict(json.loads(Path(args.verdict).read_text())["rows"], args.margin_us)
         print(f"[verdict] {text}")
@@ -244,7 +255,7 @@ def measure(args, modes: list) -> None:
     sink = torch.zeros(1, device="cuda", dtype=torch.int64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for size, smem in ((2, 8 * 24 * 1024), (4, 8 * 24 * 1024), (4, 4 * 24 * 1024), (4, 6 * 32 * 1024),
-                       (4, 100 * 1024), (8, 6 * 32 * 1024)):
+                       (4, 100 * 1024), (8, 6 * 32 * 1024), (3, 6 * 32 * 1024)):
         print(f"[occupancy] clusters of {size} with {smem // 1024} KB each: "
               f"{lib.down_stream_max_clusters(size, smem)} resident", flush=True)
 
@@ -323,7 +334,7 @@ def measure(args, modes: list) -> None:
         if not bool(torch.isfinite(b).all()) or err > 1e-2:
             raise SystemExit(f"{op_name} is wrong; no timing")
     forms["gu_bmm_only"] = lambda: (gu(), torch.bmm(hbb, wb, torch.float32, out=p))
-    for cfg in CONFIGS[:4]:
+    for cfg in GU_CONFIGS:
         run_gu = stream(hbuf, *cfg)
         forms["gu_" + name_of(*cfg)] = lambda run_gu=run_gu: (gu(), run_gu())
     gu_checked = []
