@@ -515,6 +515,22 @@ def test_down_stream_verdict_cli_exit_status(kernel, want, tmp_path):
     assert r.stdout.startswith("[verdict] " + ("KERNEL WINS" if want else "no kernel form wins"))
 
 
+def test_down_choice_report_reads_the_timed_choice(fused_mlp, monkeypatch, capsys):
+    """down_stream.py's and op_mode_ab.py's `[choice]` lines: one per bucket the down
+    projection's timing has seen, with each form's median and the form taken."""
+    pytest.importorskip("triton")
+    ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
+    tg = importlib.import_module(fused_mlp.__name__ + ".triton_gemm")
+    key = (4, 4096, 14336, torch.bfloat16, ("cuda", (9, 0)), False, True)
+    monkeypatch.setattr(tg, "_DOWN_TIMES", {key: {1: 0.0389, 2: 0.0381, 0: 0.0358}})
+    monkeypatch.setattr(tg, "_DOWN_CHOICE", {key: 0})
+    (entry,) = ds.down_choice_report(fused_mlp)
+    assert entry["m_bucket"] == 4 and entry["n"] == 4096 and entry["k"] == 14336 and entry["chosen"] == 0
+    assert entry["ms"] == {"1": 0.0389, "2": 0.0381, "0": 0.0358}
+    line = capsys.readouterr().out
+    assert "[choice] M bucket 4 N 4096 K 14336" in line and "form 0 35.8 us -> form 0" in line
+
+
 def test_down_stream_lists_its_gemm_modes_for_the_session_script():
     """gpu_session.sh's micro-down step checks each form down_stream.py --list-modes prints, so
     a form added to or dropped from the probe (session 52: pkg4) needs no edit of the script."""

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import (graphed, interleaved_us, local_package, swiglu_operands, trace_events,  # noqa: E402
                      with_env, write_report)
+from down_stream import down_choice_report  # noqa: E402  (this folder is the script's sys.path[0])
 
 
 def capture(fn):
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    fm, tg = local_package("triton_gemm")
+    (fm,) = local_package()
     x, wg, wu, wd = swiglu_operands(m=128)
 
     def op():
@@ -71,9 +72,7 @@ def main() -> None:
     graphs, outs = {}, {}
     for name, fn in names.items():
         graphs[name], outs[name] = capture(fn)
-    for key, times in tg._DOWN_TIMES.items():
-        print(f"[choice] {key[:3]}: " + ", ".join(f"form {f} {t * 1e3:.1f} us" for f, t in times.items())
-              + f" -> form {tg._DOWN_CHOICE.get(key)}", flush=True)
+    down_choice = down_choice_report(fm)  # the timed choice the default-mode captures took
     kernels = {}
     for name, replay in graphs.items():
         replay()
@@ -91,8 +90,7 @@ def main() -> None:
                 rows.append({"order": order, "eviction": ev, "form": name, "us": us, "rounds_us": rounds})
                 print(f"[time] {order:8s} {ev:4s} {name:10s} {us:7.1f} us  rounds "
                       + " ".join(f"{t:.1f}" for t in rounds), flush=True)
-    write_report(args.out, rows, kernels=kernels,
-                 down_times={str(k[:3]): {str(f): t for f, t in v.items()} for k, v in tg._DOWN_TIMES.items()})
+    write_report(args.out, rows, kernels=kernels, down_choice=down_choice)
 
 
 if __name__ == "__main__":
