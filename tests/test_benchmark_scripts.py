@@ -524,7 +524,7 @@ def test_down_choice_report_reads_the_timed_choice(fused_mlp, monkeypatch, capsy
     key = (4, 4096, 14336, torch.bfloat16, ("cuda", (9, 0)), False, True)
     monkeypatch.setattr(tg, "_DOWN_TIMES", {key: {1: 0.0389, 2: 0.0381, 0: 0.0358}})
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {key: 0})
-    (entry,) = ds.down_choice_report(fused_mlp)
+    (entry,) = ds.down_choice_report(tg)
     assert entry["m_bucket"] == 4 and entry["n"] == 4096 and entry["k"] == 14336 and entry["chosen"] == 0
     assert entry["ms"] == {"1": 0.0389, "2": 0.0381, "0": 0.0358}
     line = capsys.readouterr().out

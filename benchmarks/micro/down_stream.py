@@ -230,7 +230,7 @@ def measure(args, modes: list) -> None:
                 raise ValueError(f"shape not taken: h {tuple(hh.shape)}, w {tuple(w.shape)}, mode {mode}, diag {diag}")
         return run
 
-    (fm,) = local_package()
+    fm, tg = local_package("triton_gemm")
     pkg = getattr(fm.ops, "down_gemm_sm90", None)  # the package's kernel, where the build has it
     if pkg is None and set(modes) & set(PKG_FORMS):
         print("[gemm check] this build has no down_gemm_sm90: the pkg forms are left out", flush=True)
@@ -346,8 +346,8 @@ def measure(args, modes: list) -> None:
             gu_checked.append(name)
     replays = {name: graphed(f) for name, f in forms.items()}
     # What the op's timed choice (the "op" form's warm-up, its first default-mode call) measured
-    # in this process: session 51's "op" did not take the kernel here while bench_mlp's did.
-    down_choice = down_choice_report(fm)
+    # in this process (session 51 doubted it took the kernel here; session 52's run: it did).
+    down_choice = down_choice_report(tg)
     # the GEMM after the gate/up kernel, in its graph, poisoned, against the op's output
     gu_outputs = {**{name: yg for name in gu_checked}, **{f"gu_{md}_pdl": ypkg[md] for md in pkg_modes}}
     for name, y in gu_outputs.items():
@@ -362,13 +362,10 @@ def measure(args, modes: list) -> None:
     time_and_report(args, modes, replays, checks, errors, m, graphs=False, down_choice=down_choice)
 
 
-def down_choice_report(fm) -> list:
-    """The down projection's timed choices so far (triton_gemm._DOWN_CHOICE and _DOWN_TIMES), one
-    printed line and one entry per shape bucket: the forms' median ms and the form taken (1
-    F.linear, 2 / 4 the splits, 0 the one-kernel form)."""
-    import importlib
-
-    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+def down_choice_report(tg) -> list:
+    """The down projection's timed choices so far (the package's triton_gemm module `tg`: its
+    _DOWN_CHOICE and _DOWN_TIMES), one printed line and one entry per shape bucket: the forms'
+    median ms and the form taken (1 F.linear, 2 / 4 the splits, 0 the one-kernel form)."""
     out = []
     for key, times in tg._DOWN_TIMES.items():
         bucket, n, k = key[:3]
