@@ -81,7 +81,7 @@ def check_kernels(fm, device: str, failures: list[str]) -> None:
 def time_gpu(fm) -> None:
     import triton.testing
 
-    print("\n== timings (H200-class GPU, median of triton.testing.do_bench) ==")
+    print(f"\n== timings ({torch.cuda.get_device_name()}, median of triton.testing.do_bench) ==")
     torch.manual_seed(0)
     x = torch.randn(8192, 2 * 14336, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(8192, 14336, device="cuda", dtype=torch.bfloat16)
