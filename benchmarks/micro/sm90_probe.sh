@@ -66,7 +66,6 @@ try:  # energy and SM clock as the probe binaries report them (NVML; nvidia-ml-p
     nvml = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 except Exception:  # noqa: BLE001  (no NVML: times only)
     nvml = None
-mj = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(nvml) if nvml else -1.0  # noqa: E731
 for shape, (m, k, n) in {"geglu_d768": (8192, 768, 3072), "swiglu_m4096": (4096, 4096, 14336),
                          "swiglu_m512": (512, 4096, 14336), "fwd_swiglu_m4096": (4096, 4096, 2 * 14336),
                          "fwd_swiglu_m16384": (16384, 4096, 2 * 14336)}.items():
@@ -87,16 +86,17 @@ for shape, (m, k, n) in {"geglu_d768": (8192, 768, 3072), "swiglu_m4096": (4096,
         for _ in range(n_iter // 2):
             gemm()
         torch.cuda.synchronize()
-        mj0 = mj()
+        mj0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(nvml) if nvml else None
         ev[0].record()
         for _ in range(n_iter - n_iter // 2):
             gemm()
         ev[1].record(); ev[1].synchronize()
-        mj1, ms_total, timed = mj(), ev[0].elapsed_time(ev[1]), n_iter - n_iter // 2
+        ms_total, timed = ev[0].elapsed_time(ev[1]), n_iter - n_iter // 2
         sustained = f" | sustained {timed}: {ms_total * 1e3 / timed:.1f} us"
         if nvml:
+            mj = pynvml.nvmlDeviceGetTotalEnergyConsumption(nvml) - mj0
             mhz = pynvml.nvmlDeviceGetClockInfo(nvml, pynvml.NVML_CLOCK_SM)
-            sustained += f", {(mj1 - mj0) / timed:.2f} mJ, {(mj1 - mj0) / ms_total:.0f} W, SM {mhz} MHz"
+            sustained += f", {mj / timed:.2f} mJ, {mj / ms_total:.0f} W, SM {mhz} MHz"
     times = []
     for r in range(43):
         flush.fill_(r)
