@@ -40,7 +40,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 # Input shapes [..., 2d]: one row, d = 1 and other odd d (rows that start off
-# any 16-byte boundary on the CUDA side), a model-sized d, 3-D inputs.
+# any 16-byte boundary on the CUDA side), a model-sized d, 3-D inputs; and two that the
+# CPU kernel takes in several chunks of rows (kernel_src/cpu/act_and_mul.cpp, 2^18 output
+# elements a chunk): 262 + 38 rows of d = 1000, and d = 300000, one row a chunk.
 SHAPES = [
     (1, 2),
     (1, 2 * 3),
@@ -51,6 +53,8 @@ SHAPES = [
     (5, 2 * 128),
     (2, 3, 2 * 64),
     (2, 5, 2 * 7),
+    (300, 2 * 1000),
+    (2, 2 * 300000),
 ]
 SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 

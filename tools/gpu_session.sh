@@ -5,7 +5,7 @@
 #
 #   bash tools/gpu_session.sh [steps...]
 #   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 micro-down micro-down-diag host-overhead bench-mlp bench-decode bench-train
-#          mem-trace kernel-config profile matrix demo alloc-regime
+#          mem-trace kernel-config profile matrix kernels-bench demo alloc-regime
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
 #   MATRIX_ARGS / MATRIX_TESTS, ALLOC_REGIME_LAYOUTS / ALLOC_REGIME_RUNS / ALLOC_REGIME_ARGS,
@@ -217,6 +217,16 @@ if has alloc-regime; then
     done
   done
   tar czf "$OUT/alloc_regime.tar.gz" -C "$OUT" alloc_regime && rm -rf "$OUT/alloc_regime"
+fi
+if has kernels-bench; then
+  # The Hub runner over benchmarks/benchmark*.py, on this checkout as a local kernel repository
+  # (build/<variant> for this torch): `kernels benchmark <path>`. Its table needs tabulate
+  # (kernels' "benchmark" extra), which the image lacks: carry its wheel in .wheels/.
+  step kernels-bench
+  $PY -c "import tabulate" 2>/dev/null || $PY -m pip install -q --no-deps --no-index .wheels/tabulate-*.whl 2>&1 | tail -2 | tee -a "$LOG"
+  kernels benchmark "$ROOT" --output "$OUT/kernels_benchmark_${GPU_TAG}.json" > "$OUT/kernels_benchmark_${GPU_TAG}.txt" 2>&1
+  echo "exit $?" >> "$OUT/kernels_benchmark_${GPU_TAG}.txt"
+  tail -40 "$OUT/kernels_benchmark_${GPU_TAG}.txt" | tee -a "$LOG"
 fi
 if has demo; then
   step demo

@@ -1,17 +1,20 @@
 // CPU activation-and-multiply: out[r, i] = act(x[r, i]) * x[r, d + i].
 //
-// Rows are split across threads; inside a row, at::vec::Vectorized loads
-// bf16/fp16/fp32, converts to fp32 vectors, applies the activation and rounds
-// once on the store. The activation itself is evaluated lane by lane in fp32
-// with the same formulas as the CUDA kernel (kernel_src/common/activations.h),
-// so both backends compute the same function.
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
+// As in the CUDA kernel, the activation and the product are computed in fp32 and rounded
+// once into out. The arithmetic is ATen's own CPU kernels on fp32 scratch: they choose the
+// vector ISA at run time (AVX2 or AVX-512 where the CPU has them, with vectorized exp / tanh /
+// erf). This extension is compiled for the baseline x86-64 ISA, where at::vec's transcendental
+// functions are scalar loops: the per-lane form this file had before (the activations.h
+// formula applied lane by lane) ran 7-10x slower than eager PyTorch's act(g) * u on the same
+// rows (benchmarks/NOTES.md, session 56). The formulas are the same ones (activations.h):
+// ATen's silu, tanh- and erf-GELU, relu and sigmoid, which differ from the scalar libm
+// versions by fp32 ulps, below the rounding to bf16 / fp16.
+//
+// Rows go through in chunks of about kChunkElems elements, so the scratch stays small and
+// in cache; each ATen call spreads its chunk over torch's intra-op threads.
+#include <ATen/ATen.h>
 
 #include <algorithm>
-#include <thread>
-#include <vector>
 
 #include "activations.h"
 #include "torch_binding.h"
@@ -19,88 +22,68 @@
 namespace {
 
 using fused_mlp::Activation;
-using at::vec::Vectorized;
 
-template <Activation A>
-inline Vectorized<float> activate_vec(const Vectorized<float>& v) {
-  // map() applies the scalar fp32 activation to every lane.
-  return v.map([](float x) { return fused_mlp::activate<A>(x); });
-}
+constexpr int64_t kChunkElems = int64_t{1} << 18;  // 1 MB of fp32 per scratch buffer
 
-template <typename T, Activation A>
-void act_and_mul_rows(T* out, const T* x, int64_t row_begin, int64_t row_end, int64_t d) {
-  using fVec = Vectorized<float>;
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const T* gate = x + r * 2 * d;
-    const T* up = gate + d;
-    T* o = out + r * d;
-    int64_t i = 0;
-    if constexpr (std::is_same_v<T, float>) {
-      for (; i + fVec::size() <= d; i += fVec::size()) {
-        fVec g = fVec::loadu(gate + i);
-        fVec u = fVec::loadu(up + i);
-        (activate_vec<A>(g) * u).store(o + i);
-      }
-    } else {
-      // bf16/fp16: one reduced-precision vector holds two fp32 vectors.
-      using rVec = Vectorized<T>;
-      for (; i + rVec::size() <= d; i += rVec::size()) {
-        auto [g0, g1] = at::vec::convert_to_float<T>(rVec::loadu(gate + i));
-        auto [u0, u1] = at::vec::convert_to_float<T>(rVec::loadu(up + i));
-        at::vec::convert_from_float<T>(activate_vec<A>(g0) * u0, activate_vec<A>(g1) * u1)
-            .store(o + i);
-      }
-    }
-    for (; i < d; ++i) {
-      o[i] = static_cast<T>(fused_mlp::activate<A>(static_cast<float>(gate[i])) *
-                            static_cast<float>(up[i]));
+// g = act(g), in place, fp32.
+void activate_(at::Tensor& g, Activation act) {
+  switch (act) {
+    case Activation::kIdentity:
+      return;
+    case Activation::kSilu:
+      at::silu_(g);
+      return;
+    case Activation::kGeluTanh:
+      at::gelu_(g, "tanh");
+      return;
+    case Activation::kGelu:
+      at::gelu_(g, "none");
+      return;
+    case Activation::kRelu:
+      at::relu_(g);
+      return;
+    case Activation::kRelu2:
+      at::relu_(g);
+      g.mul_(g);
+      return;
+    case Activation::kQuickGelu: {
+      at::Tensor s = g.mul(1.702);
+      s.sigmoid_();
+      g.mul_(s);
+      return;
     }
   }
-}
-
-// Splits rows over up to at::get_num_threads() threads. The extension is built
-// without OpenMP (it must not bring its own runtime next to torch's), so it
-// starts plain threads; small inputs stay on the calling thread.
-template <typename F>
-void parallel_rows(int64_t rows, int64_t row_elems, const F& fn) {
-  constexpr int64_t kMinElemsPerThread = 1 << 16;
-  const int64_t total = rows * row_elems;
-  int64_t threads = std::min<int64_t>(at::get_num_threads(), rows);
-  threads = std::min<int64_t>(threads, std::max<int64_t>(1, total / kMinElemsPerThread));
-  if (threads <= 1) {
-    fn(0, rows);
-    return;
-  }
-  const int64_t chunk = (rows + threads - 1) / threads;
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (int64_t t = 1; t < threads; ++t) {
-    const int64_t b = t * chunk, e = std::min(rows, b + chunk);
-    if (b < e) pool.emplace_back([&fn, b, e] { fn(b, e); });
-  }
-  fn(0, std::min(rows, chunk));
-  for (auto& th : pool) th.join();
+  FUSED_MLP_CHECK(false, "fused_mlp: act_and_mul_cpu: unknown activation id ", static_cast<int>(act));
 }
 
 }  // namespace
 
 void act_and_mul_cpu(torch::Tensor& out, const torch::Tensor& input, int64_t activation) {
+  FUSED_MLP_CHECK(activation >= 0 && activation < fused_mlp::kNumActivations,
+                  "fused_mlp: act_and_mul_cpu: unknown activation id ", activation);
+  FUSED_MLP_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kHalf ||
+                      input.scalar_type() == at::kBFloat16,
+                  "fused_mlp: act_and_mul_cpu: unsupported dtype ", input.scalar_type());
+  if (out.numel() == 0) return;
   const int64_t d = out.size(-1);
   const int64_t rows = out.numel() / d;
-  auto run = [&](auto tag) {
-    using scalar_t = decltype(tag);
-    const scalar_t* x = input.const_data_ptr<scalar_t>();
-    scalar_t* o = out.mutable_data_ptr<scalar_t>();
-    FUSED_MLP_DISPATCH_ACTIVATION(activation, [&] {
-      parallel_rows(rows, 2 * d, [&](int64_t b, int64_t e) {
-        act_and_mul_rows<scalar_t, kAct>(o, x, b, e, d);
-      });
-    });
-  };
-  switch (input.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kHalf: run(at::Half{}); break;
-    case at::kBFloat16: run(at::BFloat16{}); break;
-    default: FUSED_MLP_CHECK(false, "fused_mlp: act_and_mul_cpu: unsupported dtype ", input.scalar_type());
+  const auto act = static_cast<Activation>(activation);
+  // Both contiguous (checked before this runs): [rows, 2d] and [rows, d] views.
+  const at::Tensor x = input.view({rows, 2 * d});
+  at::Tensor o = out.view({rows, d});
+  const int64_t chunk = std::max<int64_t>(1, kChunkElems / d);
+  const auto f32 = input.options().dtype(at::kFloat);
+  at::Tensor g_buf = at::empty({std::min(rows, chunk), d}, f32);
+  at::Tensor u_buf = at::empty({std::min(rows, chunk), d}, f32);
+  for (int64_t r = 0; r < rows; r += chunk) {
+    const int64_t n = std::min(chunk, rows - r);
+    at::Tensor g = g_buf.narrow(0, 0, n);
+    at::Tensor u = u_buf.narrow(0, 0, n);
+    const at::Tensor xs = x.narrow(0, r, n);
+    g.copy_(xs.narrow(1, 0, d));
+    activate_(g, act);
+    u.copy_(xs.narrow(1, d, d));
+    g.mul_(u);
+    o.narrow(0, r, n).copy_(g);  // the one rounding to out's dtype
   }
 }
