@@ -596,3 +596,25 @@ def test_benchmarks_default_result_files_are_named_after_the_card(monkeypatch):
     assert common.default_out("decode").name == "decode_h100.json"
     for script in ("bench_mlp", "bench_train", "bench_act_and_mul", "bench_decode"):
         assert "_h200.json" not in (BENCH / f"{script}.py").read_text(), script
+
+
+def test_kernels_benchmark_runner_loads_and_corrects_machine_info(monkeypatch):
+    """tools/kernels_benchmark.py loads the Hub's runner without the `kernels` command's imports
+    and fills in the GPU where kernels 0.17.2's collect_machine_info records "N/A" / "CPU" on
+    a CUDA machine (it compares a Backend object with names); elsewhere it leaves the record."""
+    kb = _load("kernels_benchmark_under_test", ROOT / "tools" / "kernels_benchmark.py")
+    mod = kb.runner_module()
+    assert callable(mod.run_benchmark)
+    here = mod.collect_machine_info()
+    assert here.pytorch_version == torch.__version__
+    if not torch.cuda.is_available():
+        assert here.gpu == "N/A"  # nothing to correct on a machine without a GPU
+    cuda = type("CUDA", (), {"name": "cuda"})()  # hashable, as kernels' Backend objects are
+    monkeypatch.setattr(mod, "_backend", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    info = mod.collect_machine_info()
+    assert (info.gpu, info.backend) == ("NVIDIA H100 80GB HBM3", "CUDA 13.0")
+    assert info.pytorch_version == torch.__version__  # the rest as the runner recorded it

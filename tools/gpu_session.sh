@@ -219,12 +219,13 @@ if has alloc-regime; then
   tar czf "$OUT/alloc_regime.tar.gz" -C "$OUT" alloc_regime && rm -rf "$OUT/alloc_regime"
 fi
 if has kernels-bench; then
-  # The Hub runner over benchmarks/benchmark*.py, on this checkout as a local kernel repository
-  # (build/<variant> for this torch): `kernels benchmark <path>`. Its table needs tabulate
-  # (kernels' "benchmark" extra), which the image lacks: carry its wheel in .wheels/.
+  # The Hub's runner over benchmarks/benchmark*.py, on this checkout as a local kernel repository
+  # (build/<variant> for this torch), as `kernels benchmark <path>` runs it; through
+  # tools/kernels_benchmark.py, because the `kernels` command needs sigstore, which the image
+  # lacks. The runner's table needs tabulate (kernels' "benchmark" extra): carry its wheel.
   step kernels-bench
   $PY -c "import tabulate" 2>/dev/null || $PY -m pip install -q --no-deps --no-index .wheels/tabulate-*.whl 2>&1 | tail -2 | tee -a "$LOG"
-  kernels benchmark "$ROOT" --output "$OUT/kernels_benchmark_${GPU_TAG}.json" > "$OUT/kernels_benchmark_${GPU_TAG}.txt" 2>&1
+  $PY tools/kernels_benchmark.py "$ROOT" --output "$OUT/kernels_benchmark_${GPU_TAG}.json" > "$OUT/kernels_benchmark_${GPU_TAG}.txt" 2>&1
   echo "exit $?" >> "$OUT/kernels_benchmark_${GPU_TAG}.txt"
   tail -40 "$OUT/kernels_benchmark_${GPU_TAG}.txt" | tee -a "$LOG"
 fi
