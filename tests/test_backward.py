@@ -208,6 +208,33 @@ def test_gradcheck_float64(cpu_reference, act, bias, recompute):
         assert torch.autograd.gradcheck(fn, args), f"mlp {layout}"
 
 
+@pytest.mark.parametrize("act", ACTS)
+def test_activation_backward_matches_derivative(fused_mlp, act):
+    """activations.torch_activation_backward (the reference backward's grad * act'(x)): ATen's
+    backward kernel where one exists, the formula when a graph is being built (double
+    backward) and for the others. Both equal grad * torch_activation_derivative in float64; in
+    bf16 the kernel form is the float64 value rounded once (ATen computes it in fp32), within
+    half a bf16 ulp plus fp32's own error, where the formula would round every step."""
+    acts = fused_mlp.activations
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(4096, generator=gen, dtype=torch.float64) * 3
+    x[:3] = torch.tensor([0.0, -0.0, 1e-30], dtype=torch.float64)  # relu' at 0 is 0, as in the kernels
+    grad = torch.randn(4096, generator=gen, dtype=torch.float64)
+    want = grad * acts.torch_activation_derivative(act)(x)
+    assert torch.allclose(acts.torch_activation_backward(act, grad, x), want, rtol=1e-12, atol=1e-14)
+    with torch.enable_grad():
+        graphed = acts.torch_activation_backward(act, grad, x.clone().requires_grad_())
+    assert torch.allclose(graphed.detach(), want, rtol=1e-12, atol=1e-14)
+    if act in ("silu", "gelu_tanh", "gelu", "relu"):
+        gb, xb = grad.bfloat16(), x.bfloat16()
+        got = acts.torch_activation_backward(act, gb, xb).double()
+        exact = gb.double() * acts.torch_activation_derivative(act)(xb.double())
+        half_ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 8)
+        # + 2^-17 |grad|: fp32's own error, which for x << 0 is the whole value (1 + tanh(.) and
+        # 1 + erf(.) cancel: ATen's fp32 tanh-GELU backward gives 0 at x = -5.06 for 1.07e-6 |grad|).
+        assert ((got - exact).abs() <= half_ulp + 2.0**-17 * gb.double().abs()).all(), act
+
+
 @pytest.mark.parametrize("recompute", [False, True])
 def test_gradgradcheck_float64(cpu_reference, recompute):
     """create_graph=True: the backward is differentiable (PyTorch ops on recomputed

@@ -130,6 +130,29 @@ _TORCH_DERIVATIVES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+# grad * act'(x) by ATen's own backward kernels where they exist: one pass and one rounding to
+# the dtype (they compute in fp32 for 16-bit inputs), as eager autograd computes it. The rest,
+# and any call whose result is to be differentiated again (double backward: silu_backward has no
+# derivative in PyTorch), multiply by the formula above.
+_TORCH_BACKWARDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "identity": lambda grad, x: grad,
+    "silu": lambda grad, x: torch.ops.aten.silu_backward(grad, x),
+    "gelu_tanh": lambda grad, x: torch.ops.aten.gelu_backward(grad, x, approximate="tanh"),
+    "gelu": lambda grad, x: torch.ops.aten.gelu_backward(grad, x, approximate="none"),
+    "relu": lambda grad, x: torch.ops.aten.threshold_backward(grad, x, 0),
+}
+
+
+def torch_activation_backward(name: str, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad * act'(x), the backward of act at x as eager autograd computes it (see above);
+    relu' is 0 at 0, as in torch_activation_derivative."""
+    key = canonical_activation(name)
+    fn = _TORCH_BACKWARDS.get(key)
+    if fn is None or (torch.is_grad_enabled() and (grad.requires_grad or x.requires_grad)):
+        return grad * _TORCH_DERIVATIVES[key](x)
+    return fn(grad, x)
+
+
 def torch_activation_derivative(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """d act(x) / dx in plain PyTorch (exact, not an approximation of the forward's rounding)."""
     return _TORCH_DERIVATIVES[canonical_activation(name)]

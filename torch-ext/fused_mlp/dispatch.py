@@ -276,9 +276,9 @@ def linear_act_forward(
     return reference.linear_act(x, weight, bias, activation, weight_layout)
 
 
-def _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias):
-    """Gate and up GEMMs written straight into the halves of one [M, 2H] buffer (no
-    concatenation), the compiled CPU act_and_mul into h, then the down GEMM."""
+def _gate_up_halves(x, gate_weight, up_weight, gate_bias, up_bias) -> Tensor:
+    """g | u [M, 2H]: the gate and up GEMMs written straight into the halves of one buffer
+    (no concatenation)."""
     m, hidden = x.shape[0], gate_weight.shape[0]
     gu = torch.empty((m, 2 * hidden), device=x.device, dtype=x.dtype)
     for w, b, half in ((gate_weight, gate_bias, gu[:, :hidden]), (up_weight, up_bias, gu[:, hidden:])):
@@ -286,7 +286,13 @@ def _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias
             torch.mm(x, w.t(), out=half)
         else:
             torch.addmm(b, x, w.t(), out=half)
-    h = torch.empty((m, hidden), device=x.device, dtype=x.dtype)
+    return gu
+
+
+def _cpu_gated_mlp(x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias, down_bias):
+    """g | u (_gate_up_halves), the compiled CPU act_and_mul into h, then the down GEMM."""
+    gu = _gate_up_halves(x, gate_weight, up_weight, gate_bias, up_bias)
+    h = torch.empty((x.shape[0], gate_weight.shape[0]), device=x.device, dtype=x.dtype)
     _act_and_mul.act_and_mul(h, gu, activation)
     return F.linear(h, down_weight, down_bias)
 
@@ -378,9 +384,10 @@ def gated_mlp_train_forward(x, gate_weight, up_weight, down_weight, activation, 
     if path in _FUSED_PATHS:
         return triton_backward.gated_train_forward(
             _kernels(path), x, wg, wu, down_weight, activation_id(activation), bg, bu, down_bias)
-    g, u = F.linear(x, wg, bg), F.linear(x, wu, bu)
-    h = torch_activation(activation)(g) * u
-    return F.linear(h, down_weight, down_bias), torch.cat([g, u], 1), h
+    gu = _gate_up_halves(x, wg, wu, bg, bu)
+    hidden = wg.shape[0]
+    h = torch_activation(activation)(gu[:, :hidden]) * gu[:, hidden:]
+    return F.linear(h, down_weight, down_bias), gu, h
 
 
 def gated_mlp_backward(dy, x, gate_weight, up_weight, down_weight, activation, gate_bias, up_bias,

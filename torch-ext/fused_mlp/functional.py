@@ -45,7 +45,7 @@ import torch
 from . import dispatch, reference
 from ._autodiff import transform_active
 from ._ops import add_op_namespace_prefix
-from .activations import canonical_activation, torch_activation, torch_activation_derivative
+from .activations import canonical_activation, torch_activation, torch_activation_backward
 from .triton_backward import NEED_DB_IN, NEED_DB_OUT, NEED_DW_IN, NEED_DW_OUT, NEED_DX
 
 Tensor = torch.Tensor
@@ -270,7 +270,7 @@ def _gated_grads_torch(dy, x2, wg, wu, wd, act, bg, bu, has_bd, gu, h):
     if h is None:
         h = a * u
     dh = dy @ wd
-    dg = dh * u * torch_activation_derivative(act)(g)
+    dg = torch_activation_backward(act, dh * u, g)
     du = dh * a
     return (dg @ wg + du @ wu, dg.t() @ x2, du.t() @ x2, dy.t() @ h,
             _sum_rows(dg) if bg is not None else None, _sum_rows(du) if bu is not None else None,
@@ -527,7 +527,7 @@ def _mlp_grads_torch(dy, x2, fc_w, fc_b, proj_w, has_pb, act, layout, pre, h):
     if pre is None:
         pre = torch.nn.functional.linear(x2, w1, fc_b)
         h = torch_activation(act)(pre)
-    dpre = (dy @ w2) * torch_activation_derivative(act)(pre)
+    dpre = torch_activation_backward(act, dy @ w2, pre)
     d_w1, d_w2 = dpre.t() @ x2, dy.t() @ h
     if conv:
         d_w1, d_w2 = d_w1.t(), d_w2.t()
@@ -709,7 +709,7 @@ def _linear_act_backward(ctx, grad_out):
     x2 = x.reshape(-1, x.shape[-1])
     dy = grad_out.reshape(-1, grad_out.shape[-1])
     pre = torch.nn.functional.linear(x2, w, bias)
-    dpre = dy * torch_activation_derivative(act)(pre)
+    dpre = torch_activation_backward(act, dy, pre)
     dx = (dpre @ w).reshape(x.shape)
     dw = dpre.t() @ x2
     if conv:
