@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import local_package, median_us, rel_err, write_report  # noqa: E402
+from _common import graphed, local_package, median_us, rel_err, write_report  # noqa: E402
 from bench_decode import GeneralPath  # noqa: E402
 
 D, H = 4096, 14336
@@ -78,20 +78,8 @@ def main() -> None:
         if bad:
             raise SystemExit(f"M {m}: outputs off the float64 reference: {bad}")
 
-        graphs = {}
-        for n, fn in impls.items():
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for i in range(args.layers):
-                    fn(i)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for i in range(args.layers):
-                    fn(i)
-            graphs[n] = g
-        torch.cuda.synchronize()
+        # one graph per implementation: its calls on every layer's weights, in order
+        replays = {n: graphed(lambda fn=fn: [fn(i) for i in range(args.layers)]) for n, fn in impls.items()}
 
         res = {n: {"loop_eager": [], "host_issue": [], "loop_graph": [], "events_fill": []} for n in impls}
         names = list(impls)
@@ -110,10 +98,10 @@ def main() -> None:
                 torch.cuda.synchronize()
                 res[n]["loop_eager"].append(a.elapsed_time(b) * 1e3 / calls)
                 res[n]["host_issue"].append((t1 - t0) * 1e6 / calls)
-                graphs[n].replay()
+                replays[n]()
                 a.record()
                 for _ in range(args.reps):
-                    graphs[n].replay()
+                    replays[n]()
                 b.record()
                 torch.cuda.synchronize()
                 res[n]["loop_graph"].append(a.elapsed_time(b) * 1e3 / calls)
