@@ -58,17 +58,13 @@ void activate_(at::Tensor& g, Activation act) {
 
 }  // namespace
 
+// The arguments (activation id, dtypes, shapes, contiguity, no empty input) were checked by
+// check_act_and_mul_args before this runs (torch_binding.cpp).
 void act_and_mul_cpu(torch::Tensor& out, const torch::Tensor& input, int64_t activation) {
-  FUSED_MLP_CHECK(activation >= 0 && activation < fused_mlp::kNumActivations,
-                  "fused_mlp: act_and_mul_cpu: unknown activation id ", activation);
-  FUSED_MLP_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kHalf ||
-                      input.scalar_type() == at::kBFloat16,
-                  "fused_mlp: act_and_mul_cpu: unsupported dtype ", input.scalar_type());
-  if (out.numel() == 0) return;
   const int64_t d = out.size(-1);
   const int64_t rows = out.numel() / d;
   const auto act = static_cast<Activation>(activation);
-  // Both contiguous (checked before this runs): [rows, 2d] and [rows, d] views.
+  // [rows, 2d] and [rows, d] views of the contiguous tensors.
   const at::Tensor x = input.view({rows, 2 * d});
   at::Tensor o = out.view({rows, d});
   const int64_t chunk = std::max<int64_t>(1, kChunkElems / d);
