@@ -33,10 +33,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import graphed, local_package, median_us, rel_err, write_report  # noqa: E402
+from _common import graphed, local_package, median_us, rel_err, swiglu_eager, write_report  # noqa: E402
 from bench_decode import GeneralPath  # noqa: E402
 
 D, H = 4096, 14336
@@ -59,20 +58,15 @@ def main() -> None:
     W = [tuple((torch.randn(o, i, device="cuda", generator=gen) / i**0.5).to(dt)
                for o, i in ((H, D), (H, D), (D, H))) for _ in range(args.layers)]
 
-    def eager(x, wg, wu, wd):
-        return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
-
     rows = []
     for m in (int(s) for s in args.ms.split(",")):
         x = torch.randn(m, D, device="cuda", generator=gen).to(dt)
         impls = {
             "decode": lambda i: dec.gated_mlp(x, *W[i], "silu"),
             "general": lambda i: general(x, *W[i]),
-            "eager": lambda i: eager(x, *W[i]),
+            "eager": lambda i: swiglu_eager(x, *W[i]),
         }
-        wg, wu, wd = (w.double() for w in W[0])
-        ref = F.linear(F.silu(F.linear(x.double(), wg)) * F.linear(x.double(), wu), wd)
-        del wg, wu, wd
+        ref = swiglu_eager(x.double(), *(w.double() for w in W[0]))
         errs = {n: rel_err(fn(0), ref) for n, fn in impls.items()}
         bad = {n: e for n, e in errs.items() if not e <= TOL}
         if bad:
@@ -84,7 +78,7 @@ def main() -> None:
         res = {n: {"loop_eager": [], "host_issue": [], "loop_graph": [], "events_fill": []} for n in impls}
         names = list(impls)
         for r in range(args.rounds):
-            for n in names[r % 3:] + names[:r % 3]:
+            for n in names[r % len(names):] + names[:r % len(names)]:
                 fn, calls = impls[n], args.layers * args.reps
                 torch.cuda.synchronize()
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -114,8 +108,7 @@ def main() -> None:
         print(f"M {m:3d}  " + "  ".join(
             f"{n}: loop {row[n]['loop_eager']:6.1f} (host {row[n]['host_issue']:5.1f}) graph {row[n]['loop_graph']:6.1f}"
             f" events {row[n]['events_fill']:6.1f}" for n in names), flush=True)
-    write_report(args.out, rows, layers=args.layers, reps=args.reps, rounds=args.rounds, d=D, h=H,
-                 command=" ".join(sys.argv))
+    write_report(args.out, rows, layers=args.layers, reps=args.reps, rounds=args.rounds, d=D, h=H)
 
 
 if __name__ == "__main__":
