@@ -584,6 +584,32 @@ def test_gpu_session_names_result_files_after_the_card(name, tag):
     assert '"$OUT/mlp_forward_${GPU_TAG}.json"' in script and "_h200." not in script
 
 
+def test_gpu_suite_runs_nothing_on_another_card(tmp_path):
+    """tools/gpu_suite.sh with REQUIRE_CARD=H200 on a machine whose nvidia-smi names an H100
+    says so and runs nothing (no stage, no pytest): a device call that was lent another card
+    costs only its start."""
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+           "REQUIRE_CARD": "H200"}
+    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_suite.sh")], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and "card: NVIDIA H100 80GB HBM3" in r.stdout and "not an H200: nothing run" in r.stdout
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_gpu_suite_covers_every_gpu_test_file():
+    """Every test file with GPU-marked tests is in one of gpu_suite.sh's streams."""
+    script = (ROOT / "tools" / "gpu_suite.sh").read_text()
+    gpu_files = sorted(f.name for f in (ROOT / "tests").glob("test_*.py")
+                       if f.name != Path(__file__).name and "pytest.mark.gpu" in f.read_text())
+    assert gpu_files and "test_functional.py" in gpu_files
+    missing = [f for f in gpu_files if f"tests/{f}" not in script]
+    assert not missing, missing
+
+
 def test_benchmarks_default_result_files_are_named_after_the_card(monkeypatch):
     """bench_mlp / bench_train / bench_act_and_mul / bench_decode write, by default, to
     results/<stem>_<card>.json (the same names as gpu_session.sh's), `cpu` for a dry run."""

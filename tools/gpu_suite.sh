@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The whole GPU test suite in one device call (<= 600 s): stage the carried build once, then
+# three pytest streams at once (no GPU test asserts a timing, so they may share the card):
+#   a: test_functional without its Hopper-kernel tests (the longest file, ~220 s alone on an H100)
+#   b: test_backward without its Hopper-kernel tests (~270 s)
+#   c: the Hopper-kernel tests of both, then every other GPU test file, then the demo
+# Each stream is tools/gpu_session.sh with its own OUT folder ($OUT/a, $OUT/b, $OUT/c).
+#
+#   [REQUIRE_CARD=H200] bash tools/gpu_suite.sh
+# REQUIRE_CARD: run nothing unless nvidia-smi's card name contains it (the device tool may lend
+# another card than the one asked for).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+O="${OUT:-$PWD/out}"
+mkdir -p "$O"
+card="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+echo "card: ${card:-none}"
+if [ -n "${REQUIRE_CARD:-}" ] && [[ "$card" != *"$REQUIRE_CARD"* ]]; then
+  echo "not an ${REQUIRE_CARD}: nothing run"
+  exit 0
+fi
+OUT="$O/stage" bash tools/gpu_session.sh stage > "$O/stage.txt" 2>&1 || { tail -20 "$O/stage.txt"; exit 1; }
+T="${PYTEST_TIMEOUT:-520}"
+( OUT="$O/a" PYTEST_K="not sm90" PYTEST_TIMEOUT="$T" TEST_FILES=tests/test_functional.py \
+    bash tools/gpu_session.sh test-gpu > "$O/a.txt" 2>&1 ) &
+( OUT="$O/b" PYTEST_K="not sm90" PYTEST_TIMEOUT="$T" TEST_FILES=tests/test_backward.py \
+    bash tools/gpu_session.sh test-gpu > "$O/b.txt" 2>&1 ) &
+( OUT="$O/c" PYTEST_K=sm90 TEST_FILES="tests/test_functional.py tests/test_backward.py" \
+    bash tools/gpu_session.sh test-gpu > "$O/c1.txt" 2>&1
+  OUT="$O/c" TEST_FILES="tests/test_mapping.py tests/test_layers.py tests/test_model_coverage.py tests/test_decode.py tests/test_act_and_mul.py tests/test_down_proj.py" \
+    bash tools/gpu_session.sh test-gpu demo > "$O/c2.txt" 2>&1 ) &
+wait
+for s in a b c; do
+  echo "## stream $s"
+  grep -E "^=== test-gpu|^=== demo|passed|failed|error|exit [0-9]|ALL CHECKS" "$O/$s/session.log" | tail -30
+done
