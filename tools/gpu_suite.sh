@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The whole GPU test suite in one device call (<= 600 s): stage the carried build once, then
-# three pytest streams at once (no GPU test asserts a timing, so they may share the card):
-#   a: test_functional without its Hopper-kernel tests (the longest file, ~220 s alone on an H100)
-#   b: test_backward without its Hopper-kernel tests (~270 s)
+# The whole GPU test suite, meant to fit one device call (<= 600 s; written in session 57, not yet
+# run on a GPU): stage the carried build once, then three pytest streams at once (no GPU test
+# asserts a timing, so they may share the card):
+#   a: test_functional without its Hopper-kernel tests (221 s alone on an H100,
+#      results/pytest_functional_rest_h100_session54.txt)
+#   b: test_backward without its Hopper-kernel tests (267 s, results/pytest_backward_rest_h100_session54.txt)
 #   c: the Hopper-kernel tests of both, then every other GPU test file, then the demo
 # Each stream is tools/gpu_session.sh with its own OUT folder ($OUT/a, $OUT/b, $OUT/c).
 #
