@@ -88,7 +88,7 @@ if has test-gpu; then
   # One pytest process per file, so that a crash in one file does not hide the others.
   for f in ${TEST_FILES:-tests/test_*.py}; do
     step "test-gpu $f"
-    timeout "${PYTEST_TIMEOUT:-300}" $PY -m pytest -v -p no:cacheprovider "$f" -m gpu -rf --durations=15 ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/pytest_$(basename "$f" .py).txt" 2>&1
+    timeout "${PYTEST_TIMEOUT:-300}" $PY -m pytest -v -p no:cacheprovider "$f" -m gpu -rfs --durations=15 ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/pytest_$(basename "$f" .py).txt" 2>&1
     echo "exit $?" >> "$OUT/pytest_$(basename "$f" .py).txt"
     grep -E "^(FAILED|ERROR)|passed|failed|error|exit [0-9]" "$OUT/pytest_$(basename "$f" .py).txt" | tail -25 | tee -a "$LOG"
   done

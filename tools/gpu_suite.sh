@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The whole GPU test suite, meant to fit one device call (<= 600 s; written in session 57, not yet
-# run on a GPU): stage the carried build once, then three pytest streams at once (no GPU test
-# asserts a timing, so they may share the card):
-#   a: test_functional without its Hopper-kernel tests (221 s alone on an H100,
-#      results/pytest_functional_rest_h100_session54.txt)
-#   b: test_backward without its Hopper-kernel tests (267 s, results/pytest_backward_rest_h100_session54.txt)
+# The whole GPU test suite in one device call (<= 600 s): stage the carried build once, then three
+# pytest streams at once (no GPU test asserts a timing, so they may share the card). On an H100
+# (session 58, results/gpu_suite_h100_session58.txt) the call took 499 s, stream b the longest:
+#   a: test_functional without its Hopper-kernel tests (221 s alone on an H100, 297 s in the suite)
+#   b: test_backward without its Hopper-kernel tests (267 s alone, 351 s in the suite)
 #   c: the Hopper-kernel tests of both, then every other GPU test file, then the demo
 # Each stream is tools/gpu_session.sh with its own OUT folder ($OUT/a, $OUT/b, $OUT/c).
 #
 #   [REQUIRE_CARD=H200] bash tools/gpu_suite.sh
+# All logs end up in $OUT/suite_logs.tgz as well.
 # REQUIRE_CARD: run nothing unless nvidia-smi's card name contains it (the device tool may lend
 # another card than the one asked for).
 set -uo pipefail
@@ -36,3 +36,6 @@ for s in a b c; do
   echo "## stream $s"
   grep -E "^=== test-gpu|^=== demo|passed|failed|error|exit [0-9]|ALL CHECKS" "$O/$s/session.log" | tail -30
 done
+# The device tool returns only so many files from $OUT: every log goes back in one archive.
+tgz="$(mktemp --suffix .tgz)"
+tar -czf "$tgz" -C "$O" . && mv "$tgz" "$O/suite_logs.tgz" && echo "logs: $O/suite_logs.tgz"
