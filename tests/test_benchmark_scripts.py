@@ -644,3 +644,30 @@ def test_kernels_benchmark_runner_loads_and_corrects_machine_info(monkeypatch):
     info = mod.collect_machine_info()
     assert (info.gpu, info.backend) == ("NVIDIA H100 80GB HBM3", "CUDA 13.0")
     assert info.pytorch_version == torch.__version__  # the rest as the runner recorded it
+
+
+def test_kernels_benchmark_runner_downloads_the_kernel_repo(monkeypatch):
+    """For a Hub repository id, the runner (through tools/kernels_benchmark.py) downloads the
+    Hub's kernel repository at v<version>, not a model repository of that name (kernels 0.17.2's
+    runner passes no repo_type). The download is intercepted: no network."""
+    import huggingface_hub
+
+    kb = _load("kernels_benchmark_under_test", ROOT / "tools" / "kernels_benchmark.py")
+    mod = kb.runner_module()
+    calls = []
+
+    class Intercepted(Exception):
+        pass
+
+    def fake_download(self, *args, **kwargs):
+        calls.append(kwargs)
+        raise Intercepted
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "snapshot_download", fake_download)
+    monkeypatch.setattr(mod, "MISSING_DEPS", [])  # the table's tabulate: not reached before the download
+    with pytest.raises(Intercepted):
+        mod.run_benchmark(repo_id="no-such-org-here/fused-mlp", branch=None, version=1, iterations=1, warmup=0,
+                          output=None, print_json=False)
+    assert len(calls) == 1
+    assert calls[0]["repo_type"] == "kernel"
+    assert (calls[0]["repo_id"], calls[0]["revision"]) == ("no-such-org-here/fused-mlp", "v1")

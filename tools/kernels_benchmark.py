@@ -15,10 +15,15 @@ A path (this checkout, say) runs its benchmarks against its build/<variant> for 
 (kernels.get_local_kernel), as `kernels benchmark ./` does. The runner's table needs tabulate
 (kernels' "benchmark" extra).
 
-One correction: kernels 0.17.2's `collect_machine_info` compares `_backend()` (a Backend object)
-with backend names, so on a CUDA machine it records gpu "N/A" and backend "CPU" in the results
-file (and tools/publish.py's card would show that). Where it does, the GPU's name and the CUDA
-version are filled in from torch, as that function means to.
+Two corrections to kernels 0.17.2's runner:
+- its `collect_machine_info` compares `_backend()` (a Backend object) with backend names, so on a
+  CUDA machine it records gpu "N/A" and backend "CPU" in the results file (and tools/publish.py's
+  card would show that). Where it does, the GPU's name and the CUDA version are filled in from
+  torch, as that function means to.
+- it downloads a Hub repository with `snapshot_download(repo_id=..., revision=...)`, which looks
+  for a model repository of that name, while every other part of kernels (get_kernel, install,
+  locks) reads the Hub's kernel repositories (`repo_type="kernel"`), where tools/publish.py puts
+  this package. Here the runner's download asks for the kernel repository unless told otherwise.
 """
 
 from __future__ import annotations
@@ -38,7 +43,25 @@ def runner_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.collect_machine_info = _corrected(mod.collect_machine_info, mod)
+    mod._get_hf_api = _kernel_repo_api(mod._get_hf_api)
     return mod
+
+
+def _kernel_repo_api(get_api):
+    """The runner's HfApi factory, its snapshot_download defaulting to repo_type="kernel"."""
+
+    def api(*args, **kwargs):
+        hf_api = get_api(*args, **kwargs)
+        download = hf_api.snapshot_download
+
+        def snapshot_download(*a, **kw):
+            kw.setdefault("repo_type", "kernel")
+            return download(*a, **kw)
+
+        hf_api.snapshot_download = snapshot_download
+        return hf_api
+
+    return api
 
 
 def _corrected(collect, mod):
