@@ -29,6 +29,7 @@ Two corrections to kernels 0.17.2's runner:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -52,13 +53,8 @@ def _kernel_repo_api(get_api):
 
     def api(*args, **kwargs):
         hf_api = get_api(*args, **kwargs)
-        download = hf_api.snapshot_download
-
-        def snapshot_download(*a, **kw):
-            kw.setdefault("repo_type", "kernel")
-            return download(*a, **kw)
-
-        hf_api.snapshot_download = snapshot_download
+        # a repo_type the caller passes still wins over the partial's
+        hf_api.snapshot_download = functools.partial(hf_api.snapshot_download, repo_type="kernel")
         return hf_api
 
     return api
