@@ -190,12 +190,12 @@ def local_package(*submodules: str):
     return (fm, *(importlib.import_module(f"{fm.__name__}.{name}") for name in submodules))
 
 
-def write_report(path, rows: list, **extra) -> None:
-    """The results JSON: run_info(), `extra`, then the rows; nothing if path is None."""
+def write_report(path, rows: list, device: str = "cuda", **extra) -> None:
+    """The results JSON: run_info(device), `extra`, then the rows; nothing if path is None."""
     if path is None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({**run_info(), **extra, "rows": rows}, indent=1) + "\n")
+    Path(path).write_text(json.dumps({**run_info(device), **extra, "rows": rows}, indent=1) + "\n")
 
 
 def with_env(fn: Callable[[], object], name: str, value: str) -> Callable[[], object]:

@@ -44,7 +44,8 @@ def runner_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.collect_machine_info = _corrected(mod.collect_machine_info, mod)
-    mod._get_hf_api = _kernel_repo_api(mod._get_hf_api)
+    if hasattr(mod, "_get_hf_api"):  # kernels 0.17.2's runner downloads through it
+        mod._get_hf_api = _kernel_repo_api(mod._get_hf_api)
     return mod
 
 

@@ -18,7 +18,6 @@ gradient: relative error printed, ours and eager's).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import local_package, rel_err, run_info  # noqa: E402
+from _common import local_package, rel_err, write_report  # noqa: E402
 
 M, D, H = 2048, 768, 3072
 ACTS = ("gelu_tanh", "silu")
@@ -100,11 +99,8 @@ def main() -> None:
                      "rounds": {k: v["rounds"] for k, v in tt.items()}, "grad_rel_err_max": gerr})
         print(f"{'train_silu':<22} {str(dt):<15} ours {tt['ours']['ms']:8.2f} ms  eager {tt['eager']['ms']:8.2f} ms  "
               f"(gradients' max rel err {gerr})", flush=True)
-    if args.out:
-        head = {**run_info("cpu"), "gpu": None, "cpu": platform.processor() or platform.machine(),
-                "threads": torch.get_num_threads(),
-                "shape": {"m": M, "d": D, "h": H}}
-        Path(args.out).write_text(json.dumps({**head, "rows": rows}, indent=1) + "\n")
+    write_report(args.out, rows, device="cpu", gpu=None, cpu=platform.processor() or platform.machine(),
+                 threads=torch.get_num_threads(), shape={"m": M, "d": D, "h": H})
 
 
 if __name__ == "__main__":
