@@ -141,9 +141,17 @@ def l2_evictor(kind: str = "fill") -> Callable[[], object]:
     raise ValueError(f"eviction must be 'fill' or 'read', got {kind!r}")
 
 
+def call_order(names: list, cycle: int) -> list:
+    """The order of cycle `cycle` in an interleaved loop: names rotated by the cycle, so that over
+    len(names) cycles each implementation runs once in every position (none always right after
+    the same one)."""
+    k = cycle % len(names)
+    return names[k:] + names[:k]
+
+
 def interleaved_us(fns: dict, eviction: str = "fill", reps: int = 40, rounds: int = 3) -> dict:
     """{name: (median us, [each round's median])}: the calls of `fns` (CUDA-graph replays, say)
-    timed by events, interleaved call by call (rep i starts at the i-th name), L2 evicted
+    timed by events, interleaved call by call (rep i starts at the i-th name: call_order), L2 evicted
     before each call by l2_evictor(eviction)."""
     evict = l2_evictor(eviction)
     names = list(fns)
@@ -151,8 +159,7 @@ def interleaved_us(fns: dict, eviction: str = "fill", reps: int = 40, rounds: in
     for _ in range(rounds):
         events: dict = {n: [] for n in names}
         for i in range(reps):
-            k = i % len(names)
-            for n in names[k:] + names[:k]:
+            for n in call_order(names, i):
                 evict()
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()

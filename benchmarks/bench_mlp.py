@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import default_out, graphed, module_version, rel_err, run_info  # noqa: E402
+from _common import call_order, default_out, graphed, module_version, rel_err, run_info  # noqa: E402
 
 REAL_PEERS = ("eager", "compile", "liger")
 PEERS = REAL_PEERS + ("gemms_only",)
@@ -108,14 +108,6 @@ class Timer:
             fn()
             times.append((time.perf_counter() - t) * 1e3)
         return sorted(times)[len(times) // 2]
-
-
-def call_order(names: list, cycle: int) -> list:
-    """The order of cycle `cycle` in alternating: names rotated by the cycle, so that over
-    len(names) cycles each implementation runs once in every position (none always right after
-    the same one)."""
-    k = cycle % len(names)
-    return names[k:] + names[:k]
 
 
 _FLUSH: dict = {}

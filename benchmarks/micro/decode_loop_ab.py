@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import graphed, local_package, median_us, rel_err, swiglu_eager, write_report  # noqa: E402
+from _common import call_order, graphed, local_package, median_us, rel_err, swiglu_eager, write_report  # noqa: E402
 from bench_decode import GeneralPath  # noqa: E402
 
 D, H = 4096, 14336
@@ -78,7 +78,7 @@ def main() -> None:
         res = {n: {"loop_eager": [], "host_issue": [], "loop_graph": [], "events_fill": []} for n in impls}
         names = list(impls)
         for r in range(args.rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
+            for n in call_order(names, r):
                 fn, calls = impls[n], args.layers * args.reps
                 torch.cuda.synchronize()
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_mlp  # noqa: E402
-from _common import DTYPES, graphed, local_package, swiglu_eager as eager, swiglu_operands, trace_events, write_report  # noqa: E402
+from _common import DTYPES, call_order, graphed, local_package, swiglu_eager as eager, swiglu_operands, trace_events, write_report  # noqa: E402
 
 
 def main() -> None:
@@ -49,8 +49,7 @@ def main() -> None:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for c in range(args.cycles):
-            k = c % len(names)
-            for n in names[k:] + names[:k]:
+            for n in call_order(names, c):
                 flush.zero_()
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
