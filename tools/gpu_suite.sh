@@ -11,6 +11,9 @@
 # All logs end up in $OUT/suite_logs.tgz as well.
 # REQUIRE_CARD: run nothing unless nvidia-smi's card name contains it (the device tool may lend
 # another card than the one asked for).
+# PYTEST_TIMEOUT: seconds for streams a and b each (520 by default; stream c's files keep
+# gpu_session.sh's 300 s each). Lower it where the call's limit is tighter, so that the streams
+# stop and the archive is still written before the call is killed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 O="${OUT:-$PWD/out}"
