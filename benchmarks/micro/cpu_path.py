@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import local_package, rel_err, write_report  # noqa: E402
+from _common import call_order, local_package, rel_err, write_report  # noqa: E402
 
 M, D, H = 2048, 768, 3072
 ACTS = ("gelu_tanh", "silu")
@@ -45,8 +45,7 @@ def interleaved(fns: dict, rounds: int, reps: int) -> dict:
     for n in fns:
         fns[n]()  # warm
     for r in range(rounds):
-        names = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
-        for n in names:
+        for n in call_order(list(fns), r):
             per_round[n].append(statistics.median(timed_ms(fns[n]) for _ in range(reps)))
     return {n: {"ms": statistics.median(v), "rounds": v} for n, v in per_round.items()}
 
