@@ -14,9 +14,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv --system-site-packages "$VENV"
 fi
 VPY="$VENV/bin/python"
+# pip's own "No space left on device" names no place or size; say both before giving up.
+pip_install() {
+  if ! "$VPY" -m pip install -q --no-cache-dir "$@"; then
+    echo "[setup] ERROR: pip install $* failed; $(df -Pm "$VENV" | awk 'NR==2 {print $4}') MiB" \
+         "are free on the disk of $VENV (a new .venv takes about 2 GiB)" >&2
+    exit 1
+  fi
+}
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   echo "[setup] installing torch==2.13.0"
-  "$VPY" -m pip install -q "torch==2.13.0"
+  pip_install "torch==2.13.0"
 fi
 # Wheels carried next to the checkout (the GPU machine has no network) are used first.
 FIND_LINKS=()
@@ -24,6 +32,6 @@ FIND_LINKS=()
 if ! "$VPY" -c "import kernels, huggingface_hub, safetensors, transformers, pytest, kernel_abi_check" >/dev/null 2>&1 \
    || [ "$("$VPY" -c 'import kernels; print(kernels.__version__)' 2>/dev/null)" != "0.17.2" ]; then
   echo "[setup] installing requirements.txt"
-  "$VPY" -m pip install -q "${FIND_LINKS[@]}" -r "$ROOT/requirements.txt"
+  pip_install "${FIND_LINKS[@]}" -r "$ROOT/requirements.txt"
 fi
 "$VPY" -c "import torch, kernels; print(f'[setup] torch {torch.__version__}, kernels {kernels.__version__}, python', __import__('sys').version.split()[0])"
