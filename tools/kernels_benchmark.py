@@ -6,7 +6,8 @@ kernels.benchmark.Benchmark classes) and prints a table; `--output` writes the J
 tools/publish.py turns into the kernel card's table. The `kernels` command imports its
 signature checks first (sigstore, cryptography), which an install with `--no-deps` lacks (the
 GPU machine's: those packages are not in its image), although the runner needs neither. This
-loads the runner's module (kernels/cli/benchmark.py) on its own and calls it with the same
+loads the runner's module (kernels/cli/benchmark.py; kernels/_internals/cli/benchmark.py
+from kernels 0.19) on its own and calls it with the same
 arguments. Where the `kernels` command works, it and this do the same thing.
 
     python tools/kernels_benchmark.py PATH_OR_REPO [--version N | --branch B] [--output F] [...]
@@ -15,7 +16,7 @@ A path (this checkout, say) runs its benchmarks against its build/<variant> for 
 (kernels.get_local_kernel), as `kernels benchmark ./` does. The runner's table needs tabulate
 (kernels' "benchmark" extra).
 
-Two corrections to kernels 0.17.2's runner:
+Two corrections to the runner of kernels 0.17.2 (the first is fixed in 0.19, the second is not):
 - its `collect_machine_info` compares `_backend()` (a Backend object) with backend names, so on a
   CUDA machine it records gpu "N/A" and backend "CPU" in the results file (and tools/publish.py's
   card would show that). Where it does, the GPU's name and the CUDA version are filled in from
@@ -31,15 +32,15 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import sys
 from pathlib import Path
 
 
 def runner_module():
-    import kernels
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import kernels_compat
 
-    path = Path(kernels.__file__).parent / "cli" / "benchmark.py"
-    if not path.is_file():
-        raise SystemExit(f"this kernels ({kernels.__version__}) has no benchmark runner at {path}")
+    path = kernels_compat.benchmark_runner_path()
     spec = importlib.util.spec_from_file_location("kernels_benchmark_runner", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernels_compat  # noqa: E402  (where kernels keeps its variant rules, by release)
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -125,7 +128,9 @@ def variant_files(vdir: Path, name: str) -> list[LocalFile]:
 def check_variant(vdir: Path, version: int, pkg_name: str) -> Variant:
     """Validate one build/<variant> folder; raise Refused with every problem found."""
     from kernels._rust import Metadata
-    from kernels.variants import ArchVariant, parse_variant
+
+    rules = kernels_compat.variants()
+    ArchVariant, parse_variant = rules.ArchVariant, rules.parse_variant
 
     name = vdir.name
     problems: list[str] = []
@@ -158,7 +163,7 @@ def check_variant(vdir: Path, version: int, pkg_name: str) -> Variant:
                 problems.append(f"metadata.json name {meta.get('name')!r} is not build.toml's {pkg_name!r}")
             btype = (meta.get("backend") or {}).get("type")
             if compiled:
-                want = parsed.arch.backend.name
+                want = kernels_compat.backend_of(parsed).name
                 if btype != want:
                     problems.append(f"metadata.json backend type {btype!r} does not match the variant's {want!r}")
 
@@ -219,16 +224,14 @@ def collect_benchmarks(bench_dir: Path) -> list[LocalFile]:
 
 
 def _variant_row(v: Variant) -> str:
-    from kernels.variants import parse_variant
-
-    p = parse_variant(v.name)
+    p = kernels_compat.variants().parse_variant(v.name)
     backend = v.metadata.get("backend", {})
     if v.compiled:
         torch_v = f"{p.framework.version}"
-        be = p.arch.backend
+        be = kernels_compat.backend_of(p)
         be_s = f"CUDA {be.version}" if be.name == "cuda" else be.name.upper() if be.name == "cpu" else be.variant_str
     else:
-        torch_v, be_s = "any", p.arch.variant_str
+        torch_v, be_s = "any", kernels_compat.backend_of(p).variant_str
     archs = ", ".join(backend.get("archs", [])) or "-"
     return f"| `{v.name}` | {torch_v} | {be_s} | {archs} | `{v.metadata.get('id', '')}` |"
 
