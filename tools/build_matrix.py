@@ -58,8 +58,27 @@ BUILD = ROOT / "build"
 LOGS = BUILD / "matrix-logs"
 REPORT = BUILD / "matrix-report.json"
 
+
+
+def kernels_requirement() -> str:
+    """requirements.txt's kernels line: the one place that names the releases this project takes."""
+    from packaging.requirements import Requirement
+
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line and Requirement(line).name == "kernels":
+            return line
+    raise SystemExit("requirements.txt names no kernels requirement")
+
+
+def kernels_ok(installed: str | None) -> bool:
+    from packaging.requirements import Requirement
+
+    return installed is not None and Requirement(kernels_requirement()).specifier.contains(installed)
+
+
 # What every environment needs besides torch (the build, the checks and the tests).
-COMMON = ["kernels==0.17.2", "kernel-abi-check", "huggingface_hub", "safetensors", "pytest", "numpy"]
+COMMON = [kernels_requirement(), "kernel-abi-check", "huggingface_hub", "safetensors", "pytest", "numpy"]
 
 
 @dataclass
@@ -256,7 +275,7 @@ def setup_venv(entry: Entry, logfile: Path, *, no_install: bool) -> tuple[str, d
             raise StepError(f"python -m venv failed: {tail(res.stdout, 5)}")
     info = probe(str(py), logfile)
     need_torch = not torch_matches(info, entry)
-    need_pkgs = bool(info.get("missing")) or info.get("kernels") != "0.17.2"
+    need_pkgs = bool(info.get("missing")) or not kernels_ok(info.get("kernels"))
     need_cuda = entry.cuda == "pip" and pip_nvidia_dir(venv) is None
     if need_torch or need_pkgs or need_cuda:
         if no_install:

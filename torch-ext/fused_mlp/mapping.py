@@ -26,10 +26,11 @@ The transformers route (transformers 5.24; GPU only: KernelConfig accepts the de
     config = KernelConfig({layer: f"org/fused-mlp:{layer}" for layer in set(tagged.values())})
     model.set_use_kernels(True, config)            # kernelizes now, in the model's mode
 
-transformers only uses `kernels` in a version range it pins (5.24: >= 0.18.2, < 0.19;
+transformers only uses `kernels` in a version range it pins (5.24: >= 0.18.2, < 0.19; 5.25
+requires >= 0.19.1, < 0.20 and turns use_kernels on by default in from_pretrained;
 `transformers.utils.import_utils.is_kernels_available()`); with another version it treats
-kernels as absent and refuses use_kernels. With kernels 0.17.2 (this project's pin) use
-`fused_mlp.mapping.kernelize`, which drives kernels directly.
+kernels as absent and refuses use_kernels. Outside that range (kernels 0.17.2 on the GPU
+machine, say) use `fused_mlp.mapping.kernelize`, which drives kernels directly.
 
 `set_use_kernels(True, ...)` also registers transformers' default mapping (kernels-community
 RMSNorm, activations, ...) and kernelizes those layers too; offline, with those repos not in
