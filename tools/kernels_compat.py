@@ -47,7 +47,6 @@ def benchmark_runner_path():
     raise SystemExit(f"this kernels ({kernels.__version__}) has no benchmark runner under {root}")
 
 
-
 def backend_of(parsed):
     """A parsed variant's backend part (`.name`, `.variant_str`; CUDA's also `.version`):
     kernels 0.19 keeps it in `.backend`; earlier releases in `.arch.backend` (arch variants)
