@@ -1,6 +1,6 @@
-"""tools/setup.sh's failure message: when pip cannot install into the venv (CI once ran out
-of disk there), the script exits 1 and says which install failed and how much disk is free
-where the venv lies, instead of leaving only pip's bare OSError. The venv here is a stub
+"""tools/setup.sh and tools/requirements_check.py. When pip cannot install into the venv (CI
+once ran out of disk there), setup.sh exits 1 and says which install failed and how much disk is
+free where the venv lies, instead of leaving only pip's bare OSError; the venv there is a stub
 whose `python` fails every call, so nothing is installed anywhere."""
 
 from __future__ import annotations
@@ -23,3 +23,22 @@ def test_failed_install_names_the_disk(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     assert "[setup] ERROR: pip install torch==2.13.0 failed" in res.stderr, res.stderr
     assert f"MiB are free on the disk of {venv}" in res.stderr, res.stderr
+
+
+def test_requirements_check(tmp_path):
+    """tools/requirements_check.py: met, out of range and missing requirements, from a file and
+    from the command line; exit 1 where any is unmet (setup.sh then installs)."""
+    import sys
+    from importlib.metadata import version
+
+    have = version("pytest")
+    check = [sys.executable, str(ROOT / "tools" / "requirements_check.py")]
+    ok = subprocess.run([*check, f"pytest=={have}"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and f"[requirements] pytest {have}" in ok.stdout, ok.stdout + ok.stderr
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text(f"# a comment\npytest>={have}  # in range\n\npytest<1\nno-such-package-here>=1\n")
+    bad = subprocess.run([*check, "-r", str(reqs)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert f"pytest {have} is not pytest<1" in bad.stderr
+    assert "no-such-package-here: not installed" in bad.stderr
+    assert f"[requirements] pytest {have}" in bad.stdout  # the met line is still reported

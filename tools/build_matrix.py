@@ -63,15 +63,16 @@ REPORT = BUILD / "matrix-report.json"
 def kernels_requirement() -> str:
     """requirements.txt's kernels line: the one place that names the releases this project takes."""
     from packaging.requirements import Requirement
+    from requirements_check import read_requirements
 
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line and Requirement(line).name == "kernels":
+    for line in read_requirements(ROOT / "requirements.txt"):
+        if Requirement(line).name == "kernels":
             return line
     raise SystemExit("requirements.txt names no kernels requirement")
 
 
 def kernels_ok(installed: str | None) -> bool:
+    """Whether a venv's kernels version (probed) is one requirements.txt takes."""
     from packaging.requirements import Requirement
 
     return installed is not None and Requirement(kernels_requirement()).specifier.contains(installed)

@@ -30,17 +30,7 @@ fi
 FIND_LINKS=()
 [ -d "$ROOT/.wheels" ] && FIND_LINKS=(--find-links "$ROOT/.wheels")
 # Install only where some line of requirements.txt is missing or out of its range.
-if ! "$VPY" - "$ROOT/requirements.txt" >/dev/null 2>&1 <<'PYEOF'
-import sys
-from importlib.metadata import version
-from packaging.requirements import Requirement
-for line in open(sys.argv[1]):
-    line = line.split("#")[0].strip()
-    if line:
-        req = Requirement(line)
-        assert req.specifier.contains(version(req.name), prereleases=True), line
-PYEOF
-then
+if ! "$VPY" "$ROOT/tools/requirements_check.py" -r "$ROOT/requirements.txt" >/dev/null 2>&1; then
   echo "[setup] installing requirements.txt"
   pip_install "${FIND_LINKS[@]}" -r "$ROOT/requirements.txt"
 fi

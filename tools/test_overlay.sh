@@ -25,14 +25,6 @@ if [ ! -f "$DIR/.complete" ]; then
   touch "$DIR/.complete"
 fi
 export PYTHONPATH="$DIR${PYTHONPATH:+:$PYTHONPATH}"
-"$PY" -c "
-import sys
-from importlib.metadata import version
-from packaging.requirements import Requirement
-for spec in sys.argv[1:]:
-    r = Requirement(spec)
-    assert r.specifier.contains(version(r.name)), f'{r.name} {version(r.name)} is not {spec}'
-    print(f'[overlay] {r.name} {version(r.name)}')
-" "${PKGS[@]}"
+"$PY" "$ROOT/tools/requirements_check.py" "${PKGS[@]}"  # the overlay is what was asked for
 [ $# -gt 0 ] || set -- tests
 KERNELS_CACHE="$ROOT/.hub-cache" HF_HUB_OFFLINE=1 exec "$PY" -m pytest -q "$@"
