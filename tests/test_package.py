@@ -62,6 +62,19 @@ def test_variant_name_follows_the_loaders_rules():
     assert kernels_compat.variants().parse_variant(name).variant_str == name
 
 
+
+@pytest.mark.parametrize("name, backend", [("torch211-cxx11-cu130-x86_64-linux", "cu130"),
+                                           ("torch213-cxx11-cpu-x86_64-linux", "cpu"),
+                                           ("torch-universal", "universal")])
+def test_backend_of_a_parsed_variant(name, backend):
+    """kernels_compat.backend_of reads the backend part of an arch and a noarch variant in
+    the installed release's layout (0.19: `.backend`; 0.17: `.arch.backend` / `.arch`); CI runs
+    this under both releases."""
+    import kernels_compat
+
+    assert kernels_compat.backend_of(kernels_compat.variants().parse_variant(name)).variant_str == backend
+
+
 def test_built_variant_is_what_the_loader_expects(fused_mlp):
     from kernels._rust import Metadata
 

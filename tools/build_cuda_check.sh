@@ -29,6 +29,6 @@ if ! { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, kernels
     exit 0
   fi
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_PIN" "$(grep -E '^kernels[=<>~! ]' "$ROOT/requirements.txt")" kernel-abi-check
+  "$VENV/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_PIN" "$(grep -E '^kernels[=<>~! ]' "$ROOT/requirements.txt" | sed 's/[[:space:]]*#.*//')" kernel-abi-check
 fi
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" "$VENV/bin/python" "$ROOT/tools/build_variant.py" --backend cuda "$@"

@@ -59,7 +59,6 @@ LOGS = BUILD / "matrix-logs"
 REPORT = BUILD / "matrix-report.json"
 
 
-
 def kernels_requirement() -> str:
     """requirements.txt's kernels line: the one place that names the releases this project takes."""
     from packaging.requirements import Requirement
@@ -71,15 +70,18 @@ def kernels_requirement() -> str:
     raise SystemExit("requirements.txt names no kernels requirement")
 
 
+KERNELS_REQ = kernels_requirement()
+
+
 def kernels_ok(installed: str | None) -> bool:
     """Whether a venv's kernels version (probed) is one requirements.txt takes."""
     from packaging.requirements import Requirement
 
-    return installed is not None and Requirement(kernels_requirement()).specifier.contains(installed)
+    return installed is not None and Requirement(KERNELS_REQ).specifier.contains(installed)
 
 
 # What every environment needs besides torch (the build, the checks and the tests).
-COMMON = [kernels_requirement(), "kernel-abi-check", "huggingface_hub", "safetensors", "pytest", "numpy"]
+COMMON = [KERNELS_REQ, "kernel-abi-check", "huggingface_hub", "safetensors", "pytest", "numpy"]
 
 
 @dataclass

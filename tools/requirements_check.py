@@ -23,28 +23,28 @@ def read_requirements(path: Path) -> list[str]:
     return [line for line in lines if line]
 
 
-def unmet(spec: str) -> str | None:
-    """Why `spec` is not met here, or None where it is."""
+def check(spec: str) -> tuple[str, str | None]:
+    """(installed version or "", why `spec` is not met here or None where it is)."""
     req = Requirement(spec)
     try:
         have = version(req.name)
     except PackageNotFoundError:
-        return f"{req.name}: not installed ({spec})"
+        return "", f"{req.name}: not installed ({spec})"
     if not req.specifier.contains(have, prereleases=True):
-        return f"{req.name} {have} is not {spec}"
-    return None
+        return have, f"{req.name} {have} is not {spec}"
+    return have, None
 
 
 def main(argv: list[str]) -> int:
     specs = read_requirements(Path(argv[1])) + argv[2:] if argv[:1] == ["-r"] else argv
     bad = 0
     for spec in specs:
-        why = unmet(spec)
+        have, why = check(spec)
         if why:
             bad += 1
             print(f"[requirements] {why}", file=sys.stderr)
         else:
-            print(f"[requirements] {Requirement(spec).name} {version(Requirement(spec).name)}")
+            print(f"[requirements] {Requirement(spec).name} {have}")
     return 1 if bad else 0
 
 
