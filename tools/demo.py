@@ -79,16 +79,16 @@ def check_kernels(fm, device: str, failures: list[str]) -> None:
 
 
 def time_gpu(fm) -> None:
-    import triton.testing
+    from demo_models import bench_interleaved
 
-    print(f"\n== timings ({torch.cuda.get_device_name()}, median of triton.testing.do_bench) ==")
+    print(f"\n== timings ({torch.cuda.get_device_name()}, median of triton.testing.do_bench blocks, taking turns) ==")
     torch.manual_seed(0)
     x = torch.randn(8192, 2 * 14336, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(8192, 14336, device="cuda", dtype=torch.bfloat16)
-    t_ours = triton.testing.do_bench(lambda: fm.silu_and_mul(out, x), return_mode="median")
-    t_eager = triton.testing.do_bench(
-        lambda: torch.nn.functional.silu(x[:, :14336]) * x[:, 14336:], return_mode="median"
-    )
+    t_ours, t_eager = bench_interleaved({
+        "ours": lambda: fm.silu_and_mul(out, x),
+        "eager": lambda: torch.nn.functional.silu(x[:, :14336]) * x[:, 14336:],
+    }).values()
     gb = 3 * out.numel() * out.element_size() / 1e9
     print(f"  silu_and_mul 8192x28672 bf16: {t_ours * 1e3:7.1f} us ({gb / (t_ours * 1e-3):.0f} GB/s), eager {t_eager * 1e3:7.1f} us")
 
@@ -96,8 +96,10 @@ def time_gpu(fm) -> None:
     x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
     wg, wu = (torch.randn(h, d, device="cuda", dtype=torch.bfloat16) * d**-0.5 for _ in range(2))
     wd = torch.randn(d, h, device="cuda", dtype=torch.bfloat16) * h**-0.5
-    t_ours = triton.testing.do_bench(lambda: fm.gated_mlp(x, wg, wu, wd, "silu"), return_mode="median")
-    t_eager = triton.testing.do_bench(lambda: fm.reference.gated_mlp(x, wg, wu, wd, "silu"), return_mode="median")
+    t_ours, t_eager = bench_interleaved({
+        "ours": lambda: fm.gated_mlp(x, wg, wu, wd, "silu"),
+        "eager": lambda: fm.reference.gated_mlp(x, wg, wu, wd, "silu"),
+    }).values()
     print(f"  SwiGLU MLP M={m} {d}->{h} bf16: fused {t_ours * 1e3:7.1f} us, eager {t_eager * 1e3:7.1f} us, "
           f"speedup {t_eager / t_ours:.2f}x")
 
@@ -107,8 +109,10 @@ def time_gpu(fm) -> None:
     w2 = torch.randn(d, h, device="cuda", dtype=torch.bfloat16) * h**-0.5
     b1, b2 = torch.randn(h, device="cuda", dtype=torch.bfloat16), torch.randn(d, device="cuda", dtype=torch.bfloat16)
     args = (x, w1, b1, w2, b2, "gelu_tanh")
-    t_ours = triton.testing.do_bench(lambda: fm.mlp(*args), return_mode="median")
-    t_eager = triton.testing.do_bench(lambda: fm.reference.mlp(*args, "linear"), return_mode="median")
+    t_ours, t_eager = bench_interleaved({
+        "ours": lambda: fm.mlp(*args),
+        "eager": lambda: fm.reference.mlp(*args, "linear"),
+    }).values()
     print(f"  plain MLP (bias, gelu_tanh) M={m} {d}->{h} bf16: fused {t_ours * 1e3:7.1f} us, "
           f"eager {t_eager * 1e3:7.1f} us, speedup {t_eager / t_ours:.2f}x")
 
