@@ -28,6 +28,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO_ID = "org/fused-mlp"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import call_order  # noqa: E402  (the benchmarks' rotation of who goes first)
 
 # fp32 (CPU): same sums in another order, ~1e-7 relative; a wrong activation is off by >1e-3.
 FP32_BOUND = 1e-5
@@ -131,8 +133,7 @@ def bench_interleaved(fns: dict, rounds: int = 6, time_ms=_bench) -> dict:
     names = list(fns)
     per_name: dict = {n: [] for n in names}
     for r in range(rounds):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
+        for n in call_order(names, r):
             per_name[n].append(time_ms(fns[n]))
     return {n: statistics.median(v) for n, v in per_name.items()}
 

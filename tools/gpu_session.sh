@@ -35,9 +35,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 # tool may lend an H100 where an H200 was asked for, and a file must not say otherwise.
 GPU_TAG="${GPU_TAG:-$(gpu_tag "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)")}"
 echo "result files: *_${GPU_TAG}.*" | tee -a "$LOG"
-if ! $PY -c "import kernels, liger_kernel" 2>/dev/null; then
-  # kernels and liger-kernel are not in the image; their dependencies are.
-  $PY -m pip install -q --no-deps --no-index .wheels/kernels-*.whl .wheels/liger_kernel-*.whl .wheels/tomlkit-*.whl 2>&1 | tail -2 | tee -a "$LOG"
+# kernels and liger-kernel are not in the image (their dependencies are): each from .wheels/
+# where it is not importable already (a caller may put other releases first on PYTHONPATH).
+wheels=()
+$PY -c "import kernels" 2>/dev/null || wheels+=(.wheels/kernels-*.whl .wheels/tomlkit-*.whl)
+$PY -c "import liger_kernel" 2>/dev/null || { ls .wheels/liger_kernel-*.whl >/dev/null 2>&1 && wheels+=(.wheels/liger_kernel-*.whl); }
+if [ ${#wheels[@]} -gt 0 ]; then
+  $PY -m pip install -q --no-deps --no-index "${wheels[@]}" 2>&1 | tail -2 | tee -a "$LOG"
   if ! $PY -c "import kernels" 2>/dev/null; then
     # Without kernels the build stops at its metadata check and no test can load the package.
     echo "kernels is not importable: copy ../shared/wheels/*.whl and tomlkit's wheel into .wheels/ and carry .wheels" | tee -a "$LOG"
