@@ -62,7 +62,6 @@ def test_variant_name_follows_the_loaders_rules():
     assert kernels_compat.variants().parse_variant(name).variant_str == name
 
 
-
 @pytest.mark.parametrize("name, backend", [("torch211-cxx11-cu130-x86_64-linux", "cu130"),
                                            ("torch213-cxx11-cpu-x86_64-linux", "cpu"),
                                            ("torch-universal", "universal")])

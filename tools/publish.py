@@ -225,13 +225,13 @@ def collect_benchmarks(bench_dir: Path) -> list[LocalFile]:
 
 def _variant_row(v: Variant) -> str:
     p = kernels_compat.variants().parse_variant(v.name)
+    be = kernels_compat.backend_of(p)
     backend = v.metadata.get("backend", {})
     if v.compiled:
         torch_v = f"{p.framework.version}"
-        be = kernels_compat.backend_of(p)
         be_s = f"CUDA {be.version}" if be.name == "cuda" else be.name.upper() if be.name == "cpu" else be.variant_str
     else:
-        torch_v, be_s = "any", kernels_compat.backend_of(p).variant_str
+        torch_v, be_s = "any", be.variant_str
     archs = ", ".join(backend.get("archs", [])) or "-"
     return f"| `{v.name}` | {torch_v} | {be_s} | {archs} | `{v.metadata.get('id', '')}` |"
 
