@@ -16,15 +16,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_models import rel_err  # noqa: E402  (benchmarks/_common's, ||out - ref|| / ||ref|| in fp64)
 
 REPO_ID = "org/fused-mlp"
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 # Relative-error bounds per dtype for one rounding of the output (act-and-mul) and

@@ -29,17 +29,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 REPO_ID = "org/fused-mlp"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import call_order  # noqa: E402  (the benchmarks' rotation of who goes first)
+from _common import call_order, rel_err  # noqa: E402  (the benchmarks' rotation of who goes first, their error)
 
 # fp32 (CPU): same sums in another order, ~1e-7 relative; a wrong activation is off by >1e-3.
 FP32_BOUND = 1e-5
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("inf")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def tiny_llama():
