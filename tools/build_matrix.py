@@ -96,6 +96,9 @@ class Entry:
     # "system": /usr/local/cuda; "pip": nvcc and headers from nvidia-* wheels in the venv.
     cuda: str | None = None
     note: str = ""
+    # Environment variables for this entry's pip installs only (e.g. a machine-wide constraint
+    # file that caps torch below the entry's release, lifted for this venv).
+    pip_env: dict[str, str] = field(default_factory=dict)
 
 
 MATRIX: dict[str, Entry] = {
@@ -131,6 +134,24 @@ MATRIX: dict[str, Entry] = {
             ],
             cuda="pip",
             note="torch 2.12.1 from PyPI (CUDA 13.0); nvcc 13.0 from PyPI (cuda-toolkit[nvcc,...]==13.0.2)",
+        ),
+        Entry(
+            variant="torch215-cxx11-cu132-x86_64-linux",
+            backend="cuda",
+            venv="torch215-cu132",
+            torch="torch==2.15.0",
+            packages=[
+                # torch 2.15.0's own toolkit pin (cuda-toolkit==13.2.2), the same parts as above;
+                # transformers for the tests (run with --tests always: the CPU parts of the suite
+                # under this torch, its CUDA tests skip without a GPU).
+                "cuda-toolkit[nvcc,nvvm,crt,cccl,cudart]==13.2.2",
+                "transformers",
+            ],
+            cuda="pip",
+            # This machine's /etc/xdg/pip/constraints.txt caps torch at 2.14.1 (the releases on
+            # its disk); 2.15.0 comes from PyPI, so that cap is lifted for this venv's installs.
+            pip_env={"PIP_CONSTRAINT": "/dev/null"},
+            note="torch 2.15.0 from PyPI (CUDA 13.2); nvcc 13.2 from PyPI (cuda-toolkit[nvcc,...]==13.2.2)",
         ),
         Entry(
             variant="torch29-cxx11-cu128-x86_64-linux",
@@ -287,7 +308,8 @@ def setup_venv(entry: Entry, logfile: Path, *, no_install: bool) -> tuple[str, d
             # The compiler wheels first (tens of MB): when they cannot compile, say so before
             # downloading torch (GBs).
             log(f"pip install into {venv.relative_to(ROOT)}: {' '.join(entry.packages)}")
-            res = run_logged([str(py), "-m", "pip", "install", *entry.packages], logfile, env=clean_env())
+            res = run_logged([str(py), "-m", "pip", "install", *entry.packages], logfile,
+                             env={**clean_env(), **entry.pip_env})
             if res.returncode != 0:
                 errs = [l for l in res.stdout.splitlines() if l.startswith("ERROR")]
                 raise StepError("pip install of the CUDA compiler failed: " + ("; ".join(errs) or tail(res.stdout, 5)))
@@ -297,7 +319,7 @@ def setup_venv(entry: Entry, logfile: Path, *, no_install: bool) -> tuple[str, d
         reqs = [entry.torch, *COMMON, *entry.packages]
         log(f"pip install into {venv.relative_to(ROOT)}: {' '.join(reqs)} (log: {logfile.relative_to(ROOT)})")
         t0 = time.time()
-        res = run_logged([str(py), "-m", "pip", "install", *reqs], logfile, env=clean_env())
+        res = run_logged([str(py), "-m", "pip", "install", *reqs], logfile, env={**clean_env(), **entry.pip_env})
         if res.returncode != 0:
             errs = [l for l in res.stdout.splitlines() if l.startswith("ERROR")]
             raise StepError("pip install failed: " + ("; ".join(errs) or tail(res.stdout, 5)))
