@@ -299,7 +299,14 @@ def test_torch_compile_fullgraph(fused_mlp, device):
     x = make_input((6, 2 * 96), torch.bfloat16, device, seed=11)
     got = compiled(x)
     eager = f(x)
-    assert torch.equal(got, eager)
+    if act_and_mul_module(fused_mlp).has_compiled_kernel("act_and_mul", torch.device(device)):
+        assert torch.equal(got, eager)  # the same kernel in both, opaque to the compiler
+    else:
+        # The reference fallback (e.g. CPU tensors under a CUDA build), which torch.compile
+        # traces: inductor's fp32 act() may differ from ATen's in the last fp32 bit, which can
+        # move the one bf16 rounding by one unit (the bound, eps * |value|, is one to two units).
+        ulp = torch.finfo(torch.bfloat16).eps * eager.float().abs()
+        assert ((got.float() - eager.float()).abs() <= ulp).all()
     assert rel_err(got, 2.0 * reference(fused_mlp, x, "silu")) <= TOL[torch.bfloat16]
 
 
@@ -313,8 +320,8 @@ def fallback(fused_mlp, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op,act", OPS, ids=OP_IDS)
 def test_reference_fallback(fallback, op, act, dtype):
-    # The fallback computes in the input dtype with PyTorch ops, so its error is
-    # that of the unfused model; the same bounds hold.
+    # The fallback computes in fp32 with PyTorch ops and rounds once, as the kernels do;
+    # the same bounds hold.
     check_op(fallback, op, act, make_input((3, 2 * 37), dtype, "cpu", seed=21))
 
 

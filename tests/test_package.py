@@ -183,21 +183,23 @@ def test_python_refresh_checks_the_carried_extension(fused_mlp, tmp_path):
     # the Python files only where the extension is the one these sources would compile: the
     # staged build (made from this tree just before the tests) passes and gets this tree's
     # Python back; the same build under another id is refused, its files left as they were.
-    variant = build_variant.variant_name("cpu")
+    # The staged build's own backend: a CUDA torch builds the CUDA variant, GPU or not.
+    backend = "cuda" if fused_mlp.__name__.startswith("_fused_mlp_cuda_") else "cpu"
+    variant = build_variant.variant_name(backend)
     dst = tmp_path / variant
     shutil.copytree(Path(fused_mlp.__file__).parent, dst, ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "reference.py").write_text("# an older tree's file\n")
-    build_variant.refresh_python("cpu", tmp_path)
+    build_variant.refresh_python(backend, tmp_path)
     assert (dst / "reference.py").read_text() == (build_variant.PACKAGE_DIR / "reference.py").read_text()
 
     meta = json.loads((dst / "metadata.json").read_text())
-    meta["id"] = "_fused_mlp_cpu_0123456789"
+    meta["id"] = f"_fused_mlp_{backend}_0123456789"
     (dst / "metadata.json").write_text(json.dumps(meta))
     (dst / "reference.py").write_text("# an older tree's file\n")
-    with pytest.raises(SystemExit, match=f"{variant} is stale: it was built as _fused_mlp_cpu_0123456789"):
-        build_variant.refresh_python("cpu", tmp_path)
+    with pytest.raises(SystemExit, match=f"{variant} is stale: it was built as _fused_mlp_{backend}_0123456789"):
+        build_variant.refresh_python(backend, tmp_path)
     assert (dst / "reference.py").read_text() == "# an older tree's file\n"
 
     (dst / "metadata.json").unlink()
     with pytest.raises(SystemExit, match="gives no build id"):
-        build_variant.refresh_python("cpu", tmp_path)
+        build_variant.refresh_python(backend, tmp_path)

@@ -78,7 +78,9 @@ def act_and_mul(out: torch.Tensor, x: torch.Tensor, activation: str = "silu") ->
         ops.act_and_mul(out, x, ACTIVATION_IDS[act])
     else:
         _check_args(out, x)
-        out.copy_(reference.act_and_mul(x, act))
+        # In fp32 and rounded once into out, as the compiled kernels do (in bf16 / fp16 the
+        # plain formula would round act(g) first: up to one unit more in the last place).
+        out.copy_(reference.act_and_mul(x.float(), act))
     return out
 
 
