@@ -3,7 +3,8 @@
 # build, the tests and the demo need. Idempotent: a second run installs nothing new.
 #
 # torch: an already importable torch is kept (the venv sees the system's packages,
-# so a machine with its own CUDA torch keeps it); otherwise torch 2.13.0 is installed.
+# so a machine with its own CUDA torch keeps it); otherwise torch 2.13.0 is installed (its
+# CPU build where no NVIDIA GPU is found).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${FUSED_MLP_VENV:-$ROOT/.venv}"
@@ -23,8 +24,17 @@ pip_install() {
   fi
 }
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
-  echo "[setup] installing torch==2.13.0"
-  pip_install "torch==2.13.0"
+  if nvidia-smi -L >/dev/null 2>&1; then
+    echo "[setup] installing torch==2.13.0"
+    pip_install "torch==2.13.0"
+  else
+    # No NVIDIA GPU: the CPU build. PyPI's Linux torch is a CUDA build, whose variant needs
+    # nvcc to compile and has no CPU kernels. Wheels on this machine's own indexes first, then
+    # PyTorch's CPU index.
+    echo "[setup] installing torch==2.13.0+cpu (no NVIDIA GPU found)"
+    "$VPY" -m pip install -q --no-cache-dir "torch==2.13.0+cpu" >/dev/null 2>&1 \
+      || pip_install --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
+  fi
 fi
 # Wheels carried next to the checkout (the GPU machine has no network) are used first.
 FIND_LINKS=()
