@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Compile-only check of the CUDA sources on a machine without a GPU: a venv with the
-# CUDA 13.0 build of torch 2.14.1 and the machine's nvcc 13.0 build the
-# torch214-cxx11-cu130 variant for every architecture build.toml lists.
+# Check of the CUDA sources on a machine without a GPU: a venv with the CUDA 13.0 build of
+# torch 2.14.1 and the machine's nvcc 13.0 build the torch214-cxx11-cu130 variant for every
+# architecture build.toml lists, and the test suite runs under that build (see the end).
 # FUSED_MLP_CUDA_CHECK_TORCH=2.11.0 builds for that torch instead (the GPU machine's
 # 2.11.0+cu130: the variant it makes there in ~190 s of device time can be made here and
 # carried; gpu_session.sh's "stage" checks it against the sources). Arguments go to
@@ -32,3 +32,18 @@ if ! { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, kernels
   "$VENV/bin/python" -m pip install -q --no-cache-dir "torch==$TORCH_PIN" "$(grep -E '^kernels[=<>~! ]' "$ROOT/requirements.txt" | sed 's/[[:space:]]*#.*//')" kernel-abi-check
 fi
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" "$VENV/bin/python" "$ROOT/tools/build_variant.py" --backend cuda "$@"
+
+# Then, where no GPU is found, the suite under that build: a CUDA torch on a machine without a
+# GPU loads the CUDA variant, whose CPU tensors take the Python fallbacks and whose GPU tests
+# skip (session 63 found four tests there that assumed the CPU build). The venv gets
+# requirements.txt as .venv does. FUSED_MLP_CUDA_CHECK_TESTS=0 leaves the suite out.
+if [ "${FUSED_MLP_CUDA_CHECK_TESTS:-1}" != "0" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+  "$VENV/bin/python" "$ROOT/tools/requirements_check.py" -r "$ROOT/requirements.txt" >/dev/null 2>&1 \
+    || "$VENV/bin/python" -m pip install -q --no-cache-dir -r "$ROOT/requirements.txt"
+  variant="$(cd "$ROOT/tools" && "$VENV/bin/python" -c 'import build_variant; print(build_variant.variant_name("cuda"))')"
+  cache="$(mktemp -d)"
+  trap 'rm -rf "$cache"' EXIT
+  "$VENV/bin/python" "$ROOT/tools/stage_cache.py" --cache "$cache" --variant "$variant"
+  echo "[cuda-check] pytest tests under $variant, no GPU"
+  (cd "$ROOT" && KERNELS_CACHE="$cache" HF_HUB_OFFLINE=1 "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider)
+fi
