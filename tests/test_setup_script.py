@@ -6,7 +6,6 @@ whose `python` fails every call, so nothing is installed anywhere."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -22,8 +21,7 @@ def test_failed_install_names_the_disk(tmp_path):
     res = subprocess.run(["bash", str(ROOT / "tools" / "setup.sh")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
-    # (torch==2.13.0+cpu from PyTorch's CPU index where no GPU is found, torch==2.13.0 elsewhere)
-    assert re.search(r"\[setup\] ERROR: pip install .*torch==2\.13\.0\S* failed", res.stderr), res.stderr
+    assert "[setup] ERROR: pip install torch==2.13.0 failed" in res.stderr, res.stderr
     assert f"MiB are free on the disk of {venv}" in res.stderr, res.stderr
 
 

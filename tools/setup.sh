@@ -28,12 +28,14 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing torch==2.13.0"
     pip_install "torch==2.13.0"
   else
-    # No NVIDIA GPU: the CPU build. PyPI's Linux torch is a CUDA build, whose variant needs
-    # nvcc to compile and has no CPU kernels. Wheels on this machine's own indexes first, then
-    # PyTorch's CPU index.
+    # No NVIDIA GPU: the CPU build. PyPI's Linux x86_64 torch is a CUDA build, whose variant
+    # needs nvcc to compile and has no CPU kernels. Wheels on this machine's own indexes first,
+    # then PyTorch's CPU index; where neither has a +cpu build (macOS, say), PyPI's torch.
     echo "[setup] installing torch==2.13.0+cpu (no NVIDIA GPU found)"
     "$VPY" -m pip install -q --no-cache-dir "torch==2.13.0+cpu" >/dev/null 2>&1 \
-      || pip_install --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
+      || "$VPY" -m pip install -q --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
+           "torch==2.13.0+cpu" >/dev/null 2>&1 \
+      || { echo "[setup] no CPU build of torch 2.13.0 found; installing torch==2.13.0"; pip_install "torch==2.13.0"; }
   fi
 fi
 # Wheels carried next to the checkout (the GPU machine has no network) are used first.
