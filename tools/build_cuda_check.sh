@@ -35,11 +35,11 @@ CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" "$VENV/bin/python" "$ROOT/tools/build_
 
 # Then, where no GPU is found, the suite under that build: a CUDA torch on a machine without a
 # GPU loads the CUDA variant, whose CPU tensors take the Python fallbacks and whose GPU tests
-# skip (session 63 found four tests there that assumed the CPU build). The venv gets
-# requirements.txt as .venv does. FUSED_MLP_CUDA_CHECK_TESTS=0 leaves the suite out.
+# skip (session 63 found four tests there that assumed the CPU build). The venv gets the rest
+# of requirements.txt from tools/setup.sh, as .venv does (its torch stays).
+# FUSED_MLP_CUDA_CHECK_TESTS=0 leaves the suite out.
 if [ "${FUSED_MLP_CUDA_CHECK_TESTS:-1}" != "0" ] && ! nvidia-smi -L >/dev/null 2>&1; then
-  "$VENV/bin/python" "$ROOT/tools/requirements_check.py" -r "$ROOT/requirements.txt" >/dev/null 2>&1 \
-    || "$VENV/bin/python" -m pip install -q --no-cache-dir -r "$ROOT/requirements.txt"
+  FUSED_MLP_VENV="$VENV" bash "$ROOT/tools/setup.sh"
   variant="$(cd "$ROOT/tools" && "$VENV/bin/python" -c 'import build_variant; print(build_variant.variant_name("cuda"))')"
   cache="$(mktemp -d)"
   trap 'rm -rf "$cache"' EXIT
