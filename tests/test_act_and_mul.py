@@ -325,6 +325,19 @@ def test_reference_fallback(fallback, op, act, dtype):
     check_op(fallback, op, act, make_input((3, 2 * 37), dtype, "cpu", seed=21))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_reference_fallback_rounds_once(fallback, dtype):
+    """The fallback's half-precision output is act(g) * u in fp32 rounded once, bit for bit;
+    the plain formula in the input dtype (act(g) rounded first) differs from it here, so the
+    comparison would catch a fallback that went back to it."""
+    x = make_input((64, 2 * 97), dtype, "cpu", seed=27)
+    got = fallback.silu_and_mul(out_for(x), x)
+    once = fallback.reference.act_and_mul(x.float(), "silu").to(dtype)
+    twice = fallback.reference.act_and_mul(x, "silu")
+    assert torch.equal(got, once)
+    assert not torch.equal(once, twice)
+
+
 @pytest.mark.parametrize("case", [c for c in ERROR_CASES if c not in COMPILED_ONLY])
 def test_reference_fallback_errors(fallback, case):
     out, x, act, _, msg = _bad_args(case, "cpu")
