@@ -183,8 +183,10 @@ def test_python_refresh_checks_the_carried_extension(fused_mlp, tmp_path):
     # the Python files only where the extension is the one these sources would compile: the
     # staged build (made from this tree just before the tests) passes and gets this tree's
     # Python back; the same build under another id is refused, its files left as they were.
-    # The staged build's own backend: a CUDA torch builds the CUDA variant, GPU or not.
-    backend = "cuda" if fused_mlp.__name__.startswith("_fused_mlp_cuda_") else "cpu"
+    # The staged build's own backend, as its metadata records it: a CUDA torch builds the CUDA
+    # variant, GPU or not.
+    pkg_meta = json.loads((Path(fused_mlp.__file__).parent / "metadata.json").read_text())
+    backend = pkg_meta["backend"]["type"]
     variant = build_variant.variant_name(backend)
     dst = tmp_path / variant
     shutil.copytree(Path(fused_mlp.__file__).parent, dst, ignore=shutil.ignore_patterns("__pycache__"))
