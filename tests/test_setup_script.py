@@ -1,7 +1,8 @@
 """tools/setup.sh and tools/requirements_check.py. When pip cannot install into the venv (CI
 once ran out of disk there), setup.sh exits 1 and says which install failed and how much disk is
 free where the venv lies, instead of leaving only pip's bare OSError; the venv there is a stub
-whose `python` fails every call, so nothing is installed anywhere."""
+whose `python` fails every call, so nothing is installed anywhere. Without a GPU, the failed +cpu
+install is reported with pip's own error line before the PyPI fallback."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_failed_install_names_the_disk(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho 'ERROR: stub pip, no network' >&2\nexit 1\n")
     (venv / "bin" / "python").chmod(0o755)
     env = {**os.environ, "FUSED_MLP_VENV": str(venv)}
     res = subprocess.run(["bash", str(ROOT / "tools" / "setup.sh")], env=env,
@@ -23,6 +24,8 @@ def test_failed_install_names_the_disk(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     assert "[setup] ERROR: pip install torch==2.13.0 failed" in res.stderr, res.stderr
     assert f"MiB are free on the disk of {venv}" in res.stderr, res.stderr
+    if "(no NVIDIA GPU found)" in res.stdout:  # the CPU branch: pip's reason for the +cpu failure
+        assert "(pip: ERROR: stub pip, no network)" in res.stdout, res.stdout
 
 
 def test_requirements_check(tmp_path):

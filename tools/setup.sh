@@ -31,11 +31,19 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
     # No NVIDIA GPU: the CPU build. PyPI's Linux x86_64 torch is a CUDA build, whose variant
     # needs nvcc to compile and has no CPU kernels. Wheels on this machine's own indexes first,
     # then PyTorch's CPU index; where neither has a +cpu build (macOS, say), PyPI's torch.
+    # pip's words go to a log: where both tries fail, its last error line is shown, so a network
+    # failure does not read as a missing wheel.
     echo "[setup] installing torch==2.13.0+cpu (no NVIDIA GPU found)"
-    "$VPY" -m pip install -q --no-cache-dir "torch==2.13.0+cpu" >/dev/null 2>&1 \
-      || "$VPY" -m pip install -q --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
-           "torch==2.13.0+cpu" >/dev/null 2>&1 \
-      || { echo "[setup] no CPU build of torch 2.13.0 found; installing torch==2.13.0"; pip_install "torch==2.13.0"; }
+    cpu_log="$(mktemp)"
+    if ! { "$VPY" -m pip install -q --no-cache-dir "torch==2.13.0+cpu" >"$cpu_log" 2>&1 \
+           || "$VPY" -m pip install -q --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
+                "torch==2.13.0+cpu" >>"$cpu_log" 2>&1; }; then
+      echo "[setup] no CPU build of torch 2.13.0 installed (pip: $(grep -E '^ERROR' "$cpu_log" | tail -n 1 || true));" \
+           "installing torch==2.13.0"
+      rm -f "$cpu_log"
+      pip_install "torch==2.13.0"
+    fi
+    rm -f "$cpu_log"
   fi
 fi
 # Wheels carried next to the checkout (the GPU machine has no network) are used first.
