@@ -60,6 +60,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
+def submodule(fm, name: str):
+    """The loaded package's submodule `name`. get_kernel imports the package under the build's
+    op namespace, so its submodules are `<that name>.<name>`; some are shadowed by the package
+    attribute of the same name (`fused_mlp.act_and_mul` is the function)."""
+    return importlib.import_module(f"{fm.__name__}.{name}")
+
+
 def poison_like(t: torch.Tensor) -> torch.Tensor:
     """An output buffer full of NaN, so that an unwritten element fails the check."""
     return torch.full_like(t, float("nan"))
@@ -70,7 +77,7 @@ def need_sm90(fm) -> None:
     registers all three ops)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the sm_90a kernels run on sm_90 GPUs only")
-    has = importlib.import_module(fm.__name__ + ".act_and_mul").has_compiled_kernel
+    has = submodule(fm, "act_and_mul").has_compiled_kernel
     if not has("gated_gemm_sm90", torch.device("cuda")):
         pytest.skip("this build has no sm_90a kernels")
 
@@ -80,7 +87,7 @@ def need_interpreter(fm):
     and triton_gemm.interpreter_blocker has no objection to its and NumPy's versions);
     returns the triton_gemm module."""
     pytest.importorskip("triton")
-    tg = importlib.import_module(fm.__name__ + ".triton_gemm")
+    tg = submodule(fm, "triton_gemm")
     blocker = tg.interpreter_blocker()
     if blocker is not None:
         pytest.skip(blocker)

@@ -16,7 +16,7 @@ import zlib
 import pytest
 import torch
 
-from conftest import REPO_ID, ROOT, poison_like, rel_err
+from conftest import REPO_ID, ROOT, poison_like, rel_err, submodule
 
 ACTIVATIONS = ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"]
 NAMED = {
@@ -99,13 +99,6 @@ def check_op(fused_mlp, op, act, x):
         # kernels too. So fp32 may be as far off as 4x PyTorch's error on the same input.
         bound = max(bound, 4 * rel_err(fused_mlp.reference.act_and_mul(x, act), ref))
     assert err <= bound, f"{op}[{act}] {tuple(x.shape)} {x.dtype}: rel err {err:.3g} (bound {bound:.3g})"
-
-
-def act_and_mul_module(fused_mlp):
-    """The loaded package's act_and_mul *module* (the package attribute of that name
-    is the function, which shadows it). get_kernel imports the package under the
-    build's op namespace, so the submodule is registered as <that name>.act_and_mul."""
-    return sys.modules[fused_mlp.__name__ + ".act_and_mul"]
 
 
 # --------------------------------------------------------------------------- #
@@ -220,7 +213,7 @@ COMPILED_ONLY = {"non_contiguous_input", "non_contiguous_out"}
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ERROR_CASES)
 def test_argument_errors(fused_mlp, case, device):
-    mod = act_and_mul_module(fused_mlp)
+    mod = submodule(fused_mlp, "act_and_mul")
     if case in COMPILED_ONLY and not mod.has_compiled_kernel("act_and_mul", torch.device(device)):
         pytest.skip("this build has no compiled kernel for the device; the fallback accepts any layout")
     out, x, act, exc, msg = _bad_args(case, device)
@@ -237,7 +230,7 @@ def test_named_op_errors(fused_mlp, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_raw_op_rejects_unknown_activation_id(fused_mlp, device):
-    if not act_and_mul_module(fused_mlp).has_compiled_kernel("act_and_mul", torch.device(device)):
+    if not submodule(fused_mlp, "act_and_mul").has_compiled_kernel("act_and_mul", torch.device(device)):
         pytest.skip(f"this build has no compiled {device} kernel")
     x = torch.randn(2, 8, device=device)
     with pytest.raises(RuntimeError, match=r"activation id 99 is not one of 0\.\.6"):
@@ -257,7 +250,7 @@ def test_refuses_autodiff(fused_mlp, device, compiled, monkeypatch):
     import torch.autograd.forward_ad as fwAD
 
     if not compiled:
-        monkeypatch.setattr(act_and_mul_module(fused_mlp), "has_compiled_kernel", lambda op, dev: False)
+        monkeypatch.setattr(submodule(fused_mlp, "act_and_mul"), "has_compiled_kernel", lambda op, dev: False)
     x = make_input((3, 2 * 8), torch.float32, device, seed=31)
 
     def run(t, out=None):
@@ -299,7 +292,7 @@ def test_torch_compile_fullgraph(fused_mlp, device):
     x = make_input((6, 2 * 96), torch.bfloat16, device, seed=11)
     got = compiled(x)
     eager = f(x)
-    if act_and_mul_module(fused_mlp).has_compiled_kernel("act_and_mul", torch.device(device)):
+    if submodule(fused_mlp, "act_and_mul").has_compiled_kernel("act_and_mul", torch.device(device)):
         assert torch.equal(got, eager)  # the same kernel in both, opaque to the compiler
     else:
         # The reference fallback (e.g. CPU tensors under a CUDA build), which torch.compile
@@ -313,7 +306,7 @@ def test_torch_compile_fullgraph(fused_mlp, device):
 @pytest.fixture
 def fallback(fused_mlp, monkeypatch):
     """The package with its compiled kernels hidden from the Python wrappers."""
-    monkeypatch.setattr(act_and_mul_module(fused_mlp), "has_compiled_kernel", lambda op, dev: False)
+    monkeypatch.setattr(submodule(fused_mlp, "act_and_mul"), "has_compiled_kernel", lambda op, dev: False)
     return fused_mlp
 
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import need_interpreter
+from conftest import need_interpreter, submodule
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -323,7 +323,7 @@ def test_host_overhead_train_pieces_dry_run(fused_mlp, monkeypatch):
     through the Triton interpreter, so a stale call fails in CI, not on the device."""
     ran = []
     ho = _host_overhead_dry(fused_mlp, monkeypatch, "host_overhead_under_test", ran, 1.0)
-    tg = importlib.import_module(fused_mlp.__name__ + ".triton_gemm").interpreted_module()
+    tg = submodule(fused_mlp, "triton_gemm").interpreted_module()
     lines = []
     ho.train_pieces(fused_mlp, tg, fused_mlp.dispatch, lines.append, m=16, d=32, h=48, dev="cpu")
     assert lines[0].startswith("## training step pieces") and len(lines) == len(ran) + 1 == 14
@@ -520,7 +520,7 @@ def test_down_choice_report_reads_the_timed_choice(fused_mlp, monkeypatch, capsy
     projection's timing has seen, with each form's median and the form taken."""
     pytest.importorskip("triton")
     ds = _load("down_stream_under_test", BENCH / "micro" / "down_stream.py")
-    tg = importlib.import_module(fused_mlp.__name__ + ".triton_gemm")
+    tg = submodule(fused_mlp, "triton_gemm")
     key = (4, 4096, 14336, torch.bfloat16, ("cuda", (9, 0)), False, True)
     monkeypatch.setattr(tg, "_DOWN_TIMES", {key: {1: 0.0389, 2: 0.0381, 0: 0.0358}})
     monkeypatch.setattr(tg, "_DOWN_CHOICE", {key: 0})

@@ -7,12 +7,10 @@ NaN-poisoned outputs. The CPU test runs in CI: the CPU build has no decode ops.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
-from conftest import poison_like, rel_err
+from conftest import poison_like, rel_err, submodule
 
 ACTIVATIONS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -26,7 +24,7 @@ def decode_module(fused_mlp):
     """fused_mlp.decode, whether or not the package's __init__ imports it."""
     mod = getattr(fused_mlp, "decode", None)
     if mod is None:
-        mod = importlib.import_module(fused_mlp.__name__ + ".decode")
+        mod = submodule(fused_mlp, "decode")
     return mod
 
 

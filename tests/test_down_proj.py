@@ -16,14 +16,13 @@ choice only there), torch.compile(fullgraph=True) and torch.compile(mode="reduce
 from __future__ import annotations
 
 import contextlib
-import importlib
 import statistics
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import need_interpreter, need_sm90, poison_like, rel_err, spy
+from conftest import need_interpreter, need_sm90, poison_like, rel_err, spy, submodule
 
 TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
@@ -31,7 +30,7 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 3e-2}
 @pytest.fixture
 def tg(fused_mlp):
     pytest.importorskip("triton")
-    return importlib.import_module(fused_mlp.__name__ + ".triton_gemm")
+    return submodule(fused_mlp, "triton_gemm")
 
 
 def _rand(*shape, dtype=torch.float32, device="cpu", scale=1.0, seed=0):

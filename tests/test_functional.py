@@ -13,7 +13,6 @@ Every output is checked for NaN/Inf (rel_err is inf then) and against an error b
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import sys
 import pytest
 import torch
 
-from conftest import kernel_variants, need_interpreter, need_sm90, rel_err, sm90_template_args, spy
+from conftest import kernel_variants, need_interpreter, need_sm90, rel_err, sm90_template_args, spy, submodule
 
 ACTS = ("identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu")
 # Relative (Frobenius) error bounds against the float64 reference.
@@ -104,7 +103,7 @@ def check(out, ref, tol, what=""):
 
 
 def triton_gemm_module(fm):
-    return importlib.import_module(fm.__name__ + ".triton_gemm")
+    return submodule(fm, "triton_gemm")
 
 
 # ----------------------------------------------------------------------------- CPU: reference paths
@@ -127,7 +126,7 @@ def test_cpu_paths_chosen(fused_mlp, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     explain = fused_mlp.dispatch.explain
     x32, x64 = torch.zeros(3, 8), torch.zeros(3, 8, dtype=torch.float64)
-    compiled = importlib.import_module(fused_mlp.__name__ + ".act_and_mul").has_compiled_kernel("act_and_mul", x32.device)
+    compiled = submodule(fused_mlp, "act_and_mul").has_compiled_kernel("act_and_mul", x32.device)
     assert explain(x32, "gated") == ("cpu-act-and-mul" if compiled else "reference")
     assert explain(x32, "mlp") == "reference"
     assert explain(x64, "gated") == "reference"
@@ -921,7 +920,7 @@ def test_gpu_fast_tanh(gpu, monkeypatch, dtype, act):
 
 
 def sm90_module(fm):
-    return importlib.import_module(fm.__name__ + ".sm90")
+    return submodule(fm, "sm90")
 
 
 SM90_SHAPES = [(1, 64, 8), (3, 200, 136), (777, 520, 1000), (300, 1000, 264)]  # (M, K, N)
@@ -1471,7 +1470,7 @@ def test_cpu_func_transforms(fused_mlp, monkeypatch, name):
     got, want = _transforms(call, t), _transforms(eager, t)
     for kind in want:
         torch.testing.assert_close(got[kind], want[kind], rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} {kind}: {m}")
-    has_cpu_op = importlib.import_module(fused_mlp.__name__ + ".act_and_mul").has_compiled_kernel
+    has_cpu_op = submodule(fused_mlp, "act_and_mul").has_compiled_kernel
     if name.startswith("gated") and has_cpu_op("act_and_mul", torch.device("cpu")):
         monkeypatch.setattr(fused_mlp.reference, name, _refuse)
         call(t)  # no transform: the CPU path's act-and-mul op, not the reference

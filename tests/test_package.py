@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import build_variant  # noqa: E402
+from conftest import submodule  # noqa: E402
 
 
 def test_build_toml_validates_with_kernel_builders_parser():
@@ -118,9 +119,7 @@ def test_sm90_kernel_is_not_used_off_the_gpu(fused_mlp, monkeypatch):
     """sm90.usable says no for CPU tensors and for fp32; its switches (read before anything
     touches the device): FUSED_MLP_SM90=0 for every activation, FUSED_MLP_FAST_TANH=0 for
     the tanh.approx ones only (the GPU tests cover the yes side)."""
-    import importlib
-
-    sm90 = importlib.import_module(fused_mlp.__name__ + ".sm90")
+    sm90 = submodule(fused_mlp, "sm90")
     ids = fused_mlp.activations.ACTIVATION_IDS
     x, w, out = torch.zeros(16, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16), \
         torch.zeros(16, 64, dtype=torch.bfloat16)
