@@ -20,24 +20,16 @@ TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3, torch.float32: 2e-5}
 MS = (1, 2, 7, 16, 33, 64)
 
 
-def decode_module(fused_mlp):
-    """fused_mlp.decode, whether or not the package's __init__ imports it."""
-    mod = getattr(fused_mlp, "decode", None)
-    if mod is None:
-        mod = submodule(fused_mlp, "decode")
-    return mod
-
-
 @pytest.fixture(scope="module")
 def dec(fused_mlp):
-    return decode_module(fused_mlp)
+    return submodule(fused_mlp, "decode")
 
 
 # ----------------------------------------------------------------------------- CPU (CI)
 
 
 def test_decode_not_available_on_cpu(fused_mlp):
-    dec = decode_module(fused_mlp)
+    dec = submodule(fused_mlp, "decode")
     assert dec.MAX_M == 64
     assert dec.available(torch.device("cpu")) is False
     if torch.version.cuda is None:
@@ -53,7 +45,7 @@ def test_refuses_autodiff(fused_mlp, device):
     its gradient or tangent. The dispatcher's own calls take the unchecked forms."""
     import torch.autograd.forward_ad as fwAD
 
-    dec = decode_module(fused_mlp)
+    dec = submodule(fused_mlp, "decode")
     x = torch.randn(2, 16, device=device)
     wg, wu, wd = (torch.randn(24, 16, device=device) for _ in range(3))
     wd = wd.t().contiguous()

@@ -102,10 +102,6 @@ def check(out, ref, tol, what=""):
     assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
 
 
-def triton_gemm_module(fm):
-    return submodule(fm, "triton_gemm")
-
-
 # ----------------------------------------------------------------------------- CPU: reference paths
 
 
@@ -265,7 +261,7 @@ def test_launch_plan_matches_kernel_signature(fused_mlp, tma, kind):
     (CompiledKernel[grid]) takes every argument by position, so a kernel signature edit
     that the plan code missed must fail here, not launch with shifted arguments."""
     pytest.importorskip("triton")
-    tg = triton_gemm_module(fused_mlp)
+    tg = submodule(fused_mlp, "triton_gemm")
     if tg.INTERPRETED:
         pytest.skip("the compiled-mode module is loaded interpreted in this process")
     m, k, n = 40, 64, 48
@@ -348,7 +344,7 @@ def test_interpret_strided_biases(interpret, m):
 def test_interpret_kernel_configs_and_strides(interpret):
     """The kernels themselves, with tile configs that hit the even-K path, uneven groups
     and single-program grids, and weights given through unusual strides."""
-    tg = triton_gemm_module(interpret).interpreted_module()
+    tg = submodule(interpret, "triton_gemm").interpreted_module()
     C = tg.Config
     ids = interpret.activations.ACTIVATION_IDS
     g = torch.Generator().manual_seed(3)
@@ -381,7 +377,7 @@ def test_interpret_kernel_configs_and_strides(interpret):
 
 def test_candidates_and_tma_eligibility(fused_mlp):
     pytest.importorskip("triton")
-    tg = triton_gemm_module(fused_mlp)
+    tg = submodule(fused_mlp, "triton_gemm")
     for gated in (True, False):
         for m in (1, 100, 5000):
             for dtype in (torch.bfloat16, torch.float32):
@@ -436,7 +432,7 @@ def test_interpreter_blocker_versions(fused_mlp):
     """Triton up to 3.6 with NumPy 2.4 or later cannot run the interpreted kernels
     (triton-lang/triton#9171); the reason names both versions and the way out."""
     pytest.importorskip("triton")
-    blocker = triton_gemm_module(fused_mlp).interpreter_blocker
+    blocker = submodule(fused_mlp, "triton_gemm").interpreter_blocker
     msg = blocker("3.6.0", "2.4.6")
     assert msg is not None and "3.6.0" in msg and "2.4.6" in msg and "numpy<2.4" in msg and "#9171" in msg
     assert blocker("3.5.1", "2.4.0rc1") is not None and blocker("3.6", "2.4rc1") is not None
@@ -448,7 +444,7 @@ def test_blocked_interpreter_falls_back_to_reference(fused_mlp, monkeypatch):
     """With the interpreter requested where it cannot run, the ops take the reference path
     (forward and training) and say why; a direct interpreted_module() call is a clear error."""
     pytest.importorskip("triton")
-    tg = triton_gemm_module(fused_mlp)
+    tg = submodule(fused_mlp, "triton_gemm")
     reason = "Triton 3.6.0's interpreter cannot run with NumPy 2.4.6 (test)"
     monkeypatch.setattr(fused_mlp.dispatch, "_interpreter_blocker", lambda: reason)
     monkeypatch.setattr(tg, "interpreter_blocker", lambda: reason)
@@ -532,7 +528,7 @@ def test_gpu_every_config(fused_mlp, dtype, monkeypatch):
 
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
 
-    tg = triton_gemm_module(fused_mlp)
+    tg = submodule(fused_mlp, "triton_gemm")
     ids = fused_mlp.activations.ACTIVATION_IDS
     tma = (False, True) if torch.cuda.get_device_capability() >= (9, 0) and dtype != torch.float32 else (False,)
     d, h, _ = ODD  # rows of 400 / 688 bytes: TMA-compatible
@@ -566,7 +562,7 @@ def test_gpu_every_config(fused_mlp, dtype, monkeypatch):
 def test_gpu_autotune_caches_a_config(fused_mlp, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
     monkeypatch.setenv("FUSED_MLP_SM90", "0")  # the Triton tuner's test: keep the gated GEMM on Triton
-    tg = triton_gemm_module(fused_mlp)
+    tg = submodule(fused_mlp, "triton_gemm")
     t = make_gated(300, 256, 512, 128, torch.bfloat16, "cuda", False)
     out = run_gated(fused_mlp, t, "silu")
     check(out.cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "autotuned")
@@ -586,7 +582,7 @@ def test_gpu_launch_plans(fused_mlp, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setenv("FUSED_MLP_SM90", "0")  # plans are the Triton kernels' 
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
-    tg = triton_gemm_module(fused_mlp)
+    tg = submodule(fused_mlp, "triton_gemm")
     t = make_gated(200, 256, 512, 128, torch.bfloat16, "cuda", True)
     check(run_gated(fused_mlp, t, "silu").cpu(), ref_gated(fused_mlp, t, "silu"), TOL[torch.bfloat16], "first")
     n = len(tg._PLANS)
@@ -864,7 +860,7 @@ def test_gpu_cublaslt_choice_is_timed_and_cached(gpu, monkeypatch):
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "1")
     monkeypatch.setenv("FUSED_MLP_CUBLASLT", "1")
     monkeypatch.setenv("FUSED_MLP_SM90", "0")  # the choice between cuBLASLt and Triton
-    tg = triton_gemm_module(gpu)
+    tg = submodule(gpu, "triton_gemm")
     d, h, o = ODD
     p = make_plain(500, d, h, o, torch.bfloat16, "cuda", True, "linear", seed=7)
     check(run_plain(gpu, p, "relu", "linear").cpu(), ref_plain(gpu, p, "relu", "linear"), TOL[torch.bfloat16], "timed")
@@ -917,10 +913,6 @@ def test_gpu_fast_tanh(gpu, monkeypatch, dtype, act):
 
 
 # ----------------------------------------------------------------------------- sm_90a gate/up kernel
-
-
-def sm90_module(fm):
-    return submodule(fm, "sm90")
 
 
 SM90_SHAPES = [(1, 64, 8), (3, 200, 136), (777, 520, 1000), (300, 1000, 264)]  # (M, K, N)
@@ -1140,7 +1132,7 @@ def test_gpu_sm90_is_dispatched_with_fallbacks(fused_mlp, monkeypatch):
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
-    sm90 = sm90_module(fused_mlp)
+    sm90 = submodule(fused_mlp, "sm90")
     calls = spy(monkeypatch, sm90, "gate_up", lambda a: a[1].shape)  # x's shape
     d, h, o = ODD
     t = make_gated(777, d, h, o, torch.bfloat16, "cuda", True, seed=21)
@@ -1241,7 +1233,7 @@ def test_gpu_sm90_linear_act_is_dispatched(fused_mlp, monkeypatch):
     need_sm90(fused_mlp)
     monkeypatch.setenv("FUSED_MLP_AUTOTUNE", "0")
     monkeypatch.setattr(fused_mlp.dispatch, "DECODE_MAX_M", {})
-    sm90 = sm90_module(fused_mlp)
+    sm90 = submodule(fused_mlp, "sm90")
     calls = spy(monkeypatch, sm90, "linear_act", lambda a: a[1].shape)  # x's shape
     d, h, o = ODD
     for layout, sms, want in (("linear", None, 0), ("conv1d", None, 0), ("linear", 1, 1), ("conv1d", 1, 1)):
