@@ -35,15 +35,18 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
     # failure does not read as a missing wheel.
     echo "[setup] installing torch==2.13.0+cpu (no NVIDIA GPU found)"
     cpu_log="$(mktemp)"
-    if ! { "$VPY" -m pip install -q --no-cache-dir "torch==2.13.0+cpu" >"$cpu_log" 2>&1 \
-           || "$VPY" -m pip install -q --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
-                "torch==2.13.0+cpu" >>"$cpu_log" 2>&1; }; then
-      echo "[setup] no CPU build of torch 2.13.0 installed (pip: $(grep -E '^ERROR' "$cpu_log" | tail -n 1 || true));" \
+    cpu_ok=1
+    "$VPY" -m pip install -q --no-cache-dir "torch==2.13.0+cpu" >"$cpu_log" 2>&1 \
+      || "$VPY" -m pip install -q --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
+           "torch==2.13.0+cpu" >>"$cpu_log" 2>&1 \
+      || cpu_ok=0
+    pip_err="$(grep -E '^ERROR' "$cpu_log" | tail -n 1 || true)"
+    rm -f "$cpu_log"
+    if [ "$cpu_ok" = 0 ]; then
+      echo "[setup] no CPU build of torch 2.13.0 installed (pip: ${pip_err:-no ERROR line});" \
            "installing torch==2.13.0"
-      rm -f "$cpu_log"
       pip_install "torch==2.13.0"
     fi
-    rm -f "$cpu_log"
   fi
 fi
 # Wheels carried next to the checkout (the GPU machine has no network) are used first.
