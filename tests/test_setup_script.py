@@ -18,14 +18,19 @@ def test_failed_install_names_the_disk(tmp_path):
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("#!/bin/sh\necho 'ERROR: stub pip, no network' >&2\nexit 1\n")
     (venv / "bin" / "python").chmod(0o755)
-    env = {**os.environ, "FUSED_MLP_VENV": str(venv)}
+    # An nvidia-smi that finds no GPU, first on PATH: the CPU branch runs on a GPU machine too.
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "FUSED_MLP_VENV": str(venv), "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
     res = subprocess.run(["bash", str(ROOT / "tools" / "setup.sh")], env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "[setup] ERROR: pip install torch==2.13.0 failed" in res.stderr, res.stderr
     assert f"MiB are free on the disk of {venv}" in res.stderr, res.stderr
-    if "(no NVIDIA GPU found)" in res.stdout:  # the CPU branch: pip's reason for the +cpu failure
-        assert "(pip: ERROR: stub pip, no network)" in res.stdout, res.stdout
+    # The CPU branch reports pip's reason for the +cpu failure before the PyPI fallback.
+    assert "(pip: ERROR: stub pip, no network)" in res.stdout, res.stdout
 
 
 def test_requirements_check(tmp_path):
