@@ -28,8 +28,7 @@ def dec(fused_mlp):
 # ----------------------------------------------------------------------------- CPU (CI)
 
 
-def test_decode_not_available_on_cpu(fused_mlp):
-    dec = submodule(fused_mlp, "decode")
+def test_decode_not_available_on_cpu(fused_mlp, dec):
     assert dec.MAX_M == 64
     assert dec.available(torch.device("cpu")) is False
     if torch.version.cuda is None:
@@ -39,13 +38,12 @@ def test_decode_not_available_on_cpu(fused_mlp):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_refuses_autodiff(fused_mlp, device):
+def test_refuses_autodiff(fused_mlp, dec, device):
     """The decode kernels have no derivative: where one would be wanted they raise (before
     any kernel runs, so the CPU build checks it too) instead of returning a result without
     its gradient or tangent. The dispatcher's own calls take the unchecked forms."""
     import torch.autograd.forward_ad as fwAD
 
-    dec = submodule(fused_mlp, "decode")
     x = torch.randn(2, 16, device=device)
     wg, wu, wd = (torch.randn(24, 16, device=device) for _ in range(3))
     wd = wd.t().contiguous()
