@@ -6,7 +6,7 @@
 #   pip install -q --no-index --no-deps --target /tmp/site .wheels-latest/*.whl
 #   export PYTHONPATH=/tmp/site
 # Versions: the pins below, or FUSED_MLP_WHEELS_PINS="transformers==X kernels==Y ...".
-# Needs network; the wheels are for this machine's Python (3.11, the device's too).
+# The destination's old wheels are removed first. Needs network; the wheels are for this machine's Python (3.11, the device's too).
 #   bash tools/wheels_latest.sh [destination; default .wheels-latest]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
