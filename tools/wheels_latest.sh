@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Fill .wheels-latest/ (ignored) with the wheels that lay the newest transformers, kernels and
 # huggingface_hub over the GPU machine's image (which has transformers 5.17 and no kernels): the
-# three packages and the modules they import that the image lacks or has too old. A device call
-# carries the folder and installs it `--no-deps` into a folder first on PYTHONPATH:
-#   pip install -q --no-index --no-deps --target /tmp/site .wheels-latest/*.whl
+# three packages and the modules they import that the image lacks or has too old. Pure-Python
+# wheels go to .wheels-latest/any/, the compiled ones (kernels, regex) to one folder per Python
+# (.wheels-latest/cp311/, cp312/): the device's images differ (session 75: the H100 image runs
+# Python 3.11, the H200 image 3.12), and both sets with the build are over what a call carries.
+# A device call carries any/ and its Python's folder and installs them `--no-deps` into a folder
+# first on PYTHONPATH:
+#   py=$(python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+#   pip install -q --no-index --no-deps --target /tmp/site .wheels-latest/any/*.whl .wheels-latest/$py/*.whl
 #   export PYTHONPATH=/tmp/site
-# Versions: the pins below, or FUSED_MLP_WHEELS_PINS="transformers==X kernels==Y ...".
+# Versions: the pins below, or FUSED_MLP_WHEELS_PINS="transformers==X kernels==Y ...";
+# Pythons: FUSED_MLP_WHEELS_PYTHONS (default "3.11 3.12").
 # The destination's old wheels are replaced only once every wanted wheel was downloaded.
-# Needs network; the wheels are for this machine's Python (3.11, the device's too).
+# Needs network.
 #   bash tools/wheels_latest.sh [destination; default .wheels-latest]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,10 +36,35 @@ for name in $KEEP; do
     exit 1
   fi
 done
-mkdir -p "$DEST"
-rm -f "$DEST"/*.whl
+# The compiled wheels again for each Python the device may run, at the versions just resolved.
+read -r -a PYTHONS <<<"${FUSED_MLP_WHEELS_PYTHONS:-3.11 3.12}"
+compiled=()
 for name in $KEEP; do
-  cp "$TMP/$name"-[0-9]*.whl "$DEST/"
+  for w in "$TMP/$name"-[0-9]*.whl; do
+    case "$w" in *-none-any.whl) ;; *) v="${w#"$TMP/$name"-}"; compiled+=("$name==${v%%-*}") ;; esac
+  done
 done
-echo "[wheels_latest] $(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1) in $DEST:"
-ls "$DEST"
+for py in "${PYTHONS[@]}"; do
+  tag="cp${py/./}"
+  mkdir -p "$TMP/$tag"
+  if [ ${#compiled[@]} -gt 0 ]; then
+    PIP_CONSTRAINT=/dev/null python -m pip download -q --only-binary=:all: --no-deps \
+      --python-version "$py" -d "$TMP/$tag" "${compiled[@]}"
+  fi
+done
+mkdir -p "$DEST"
+rm -rf "$DEST"/*.whl "$DEST"/any "$DEST"/cp3*
+mkdir -p "$DEST/any"
+for name in $KEEP; do
+  for w in "$TMP/$name"-[0-9]*.whl; do
+    case "$w" in *-none-any.whl) cp "$w" "$DEST/any/" ;; esac
+  done
+done
+for py in "${PYTHONS[@]}"; do
+  tag="cp${py/./}"
+  mkdir -p "$DEST/$tag"
+  cp "$TMP/$tag"/*.whl "$DEST/$tag/" 2>/dev/null || true
+done
+echo "[wheels_latest] $(find "$DEST" -name '*.whl' | wc -l) wheels in $DEST:"
+du -sh "$DEST"/*
+find "$DEST" -name '*.whl' | sort
