@@ -36,34 +36,31 @@ for name in $KEEP; do
     exit 1
   fi
 done
-# The compiled wheels again for each Python the device may run, at the versions just resolved.
+# Pure-Python wheels to any/; the compiled ones again for each Python the device may run, at the
+# versions just resolved.
 read -r -a PYTHONS <<<"${FUSED_MLP_WHEELS_PYTHONS:-3.11 3.12}"
+mkdir -p "$TMP/any"
 compiled=()
 for name in $KEEP; do
   for w in "$TMP/$name"-[0-9]*.whl; do
-    case "$w" in *-none-any.whl) ;; *) v="${w#"$TMP/$name"-}"; compiled+=("$name==${v%%-*}") ;; esac
+    case "$w" in
+      *-none-any.whl) mv "$w" "$TMP/any/" ;;
+      *) v="${w#"$TMP/$name"-}"; compiled+=("$name==${v%%-*}") ;;
+    esac
   done
 done
 for py in "${PYTHONS[@]}"; do
-  tag="cp${py/./}"
-  mkdir -p "$TMP/$tag"
+  mkdir -p "$TMP/cp${py/./}"
   if [ ${#compiled[@]} -gt 0 ]; then
     PIP_CONSTRAINT=/dev/null python -m pip download -q --only-binary=:all: --no-deps \
-      --python-version "$py" -d "$TMP/$tag" "${compiled[@]}"
+      --python-version "$py" -d "$TMP/cp${py/./}" "${compiled[@]}"
   fi
 done
 mkdir -p "$DEST"
 rm -rf "$DEST"/*.whl "$DEST"/any "$DEST"/cp3*
-mkdir -p "$DEST/any"
-for name in $KEEP; do
-  for w in "$TMP/$name"-[0-9]*.whl; do
-    case "$w" in *-none-any.whl) cp "$w" "$DEST/any/" ;; esac
-  done
-done
+cp -r "$TMP/any" "$DEST/"
 for py in "${PYTHONS[@]}"; do
-  tag="cp${py/./}"
-  mkdir -p "$DEST/$tag"
-  cp "$TMP/$tag"/*.whl "$DEST/$tag/" 2>/dev/null || true
+  cp -r "$TMP/cp${py/./}" "$DEST/"
 done
 echo "[wheels_latest] $(find "$DEST" -name '*.whl' | wc -l) wheels in $DEST:"
 du -sh "$DEST"/*
