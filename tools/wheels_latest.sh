@@ -3,12 +3,14 @@
 # huggingface_hub over the GPU machine's image (which has transformers 5.17 and no kernels): the
 # three packages and the modules they import that the image lacks or has too old. Pure-Python
 # wheels go to .wheels-latest/any/, the compiled ones (kernels, regex) to one folder per Python
-# (.wheels-latest/cp311/, cp312/): the device's images differ (session 75: the H100 image runs
-# Python 3.11, the H200 image 3.12), and both sets with the build are over what a call carries.
-# A device call carries any/ and its Python's folder and installs them `--no-deps` into a folder
-# first on PYTHONPATH:
-#   py=$(python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
-#   pip install -q --no-index --no-deps --target /tmp/site .wheels-latest/any/*.whl .wheels-latest/$py/*.whl
+# (.wheels-latest/cp311/, cp312/): the device's images have differed (sessions 62-66: the H100
+# image ran Python 3.11; session 75: the H200 image 3.12; session 76: the H100 image's python3,
+# which runs torch and tools/gpu_session.sh, 3.12), and both sets with the build are over what a
+# call carries. A device call carries any/ and its Python's folder and installs them `--no-deps`
+# into a folder first on PYTHONPATH, the tag read from python3, the interpreter the tools run
+# (where that folder was not carried, its glob stays unexpanded and pip installs nothing at all):
+#   py=$(python3 -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .wheels-latest/any/*.whl .wheels-latest/$py/*.whl
 #   export PYTHONPATH=/tmp/site
 # Versions: the pins below, or FUSED_MLP_WHEELS_PINS="transformers==X kernels==Y ...";
 # Pythons: FUSED_MLP_WHEELS_PYTHONS (default "3.11 3.12").
