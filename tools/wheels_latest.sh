@@ -20,7 +20,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${1:-$ROOT/.wheels-latest}"
-read -r -a PINS <<<"${FUSED_MLP_WHEELS_PINS:-transformers==5.25.0 huggingface_hub==2.4.0 kernels==0.19.1}"
+read -r -a PINS <<<"${FUSED_MLP_WHEELS_PINS:-transformers==5.25.0 huggingface_hub==2.5.0 kernels==0.19.1}"
 # What the image lacks or has too old: the pinned packages and the modules they need at the
 # versions they ask for (huggingface_hub 2.x's HTTP stack and CLI among them). torch, numpy,
 # safetensors, tokenizers, PyYAML, packaging, filelock, fsspec, tqdm, hf-xet come from the image.
