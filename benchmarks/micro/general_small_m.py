@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Where the general path's time goes at few tokens (session 77; a probe, nothing here is used
+by the package).
+
+Session 77's bench_decode.py on an H200 timed the general path (fused_mlp.gated_mlp with the
+decode kernels switched off) of Llama-3-8B's MLP at 113-116 us per call at M 1-16 under CUDA
+graphs, but at 102-103 us at M 64-96: more tokens, less time, while the weights (the floor,
+~83 us) are the same bytes at every M. On the H100 the same sweep is flat (~131 us). This
+splits the general path into its two stages at each M, each captured alone in a CUDA graph
+over LAYERS distinct weight sets (nothing of one set is in L2 when the next is read):
+    gate_up      triton_gemm.gated_linear (on sm_90 the warp-specialized CUDA kernel)
+    down         triton_gemm.down_linear as the general path runs it under capture (the form
+                 its timing rule chose: F.linear, a split or the one-kernel form)
+    down_linear  F.linear alone (cuBLAS)
+    general      the whole general path
+    decode       fused_mlp.decode.gated_mlp (where M <= decode.MAX_M)
+all interleaved round by round (call_order), each the median over rounds of events around
+REPS replays. Also prints the down form chosen at each M. Every whole-MLP output is checked
+against the float64 reference first.
+
+    KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/general_small_m.py [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import call_order, graphed, local_package, rel_err, swiglu_eager, write_report  # noqa: E402
+from bench_decode import GeneralPath  # noqa: E402
+
+D, H = 4096, 14336
+TOL = 2e-2  # bf16 output against float64 (bench_decode.py's bound)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None)
+    p.add_argument("--ms", default="1,8,16,32,64,128")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+
+    fm, tg, dec = local_package("triton_gemm", "decode")
+    general = GeneralPath(fm)
+    act = fm.activations.ACTIVATION_IDS["silu"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+    W = [tuple((torch.randn(o, i, device="cuda", generator=gen) / i**0.5).to(dt)
+               for o, i in ((H, D), (H, D), (D, H))) for _ in range(args.layers)]
+    floor_bytes = sum(w.numel() * w.element_size() for w in W[0])
+
+    rows = []
+    for m in (int(s) for s in args.ms.split(",")):
+        x = torch.randn(m, D, device="cuda", generator=gen).to(dt)
+        hs = [torch.randn(m, H, device="cuda", generator=gen).to(dt) for _ in range(args.layers)]
+        impls = {
+            "gate_up": lambda i: tg.gated_linear(x, W[i][0], W[i][1], None, None, act),
+            "down": lambda i: tg.down_linear(hs[i], W[i][2], None),
+            "down_linear": lambda i: F.linear(hs[i], W[i][2]),
+            "general": lambda i: general(x, *W[i]),
+        }
+        if m <= dec.MAX_M:
+            impls["decode"] = lambda i: dec.gated_mlp(x, *W[i], "silu")
+        ref = swiglu_eager(x.double(), *(w.double() for w in W[0]))
+        errs = {n: rel_err(impls[n](0), ref) for n in ("general", "decode") if n in impls}
+        bad = {n: e for n, e in errs.items() if not e <= TOL}
+        if bad:
+            raise SystemExit(f"M {m}: outputs off the float64 reference: {bad}")
+        replays = {n: graphed(lambda fn=fn: [fn(i) for i in range(args.layers)]) for n, fn in impls.items()}
+        # the down form the timing rule picked for this shape (1: F.linear, else a split count or
+        # the one-kernel form), from its cache: the key's first three fields are (M + 31) // 32, N, K
+        forms = {k: v for k, v in tg._DOWN_CHOICE.items() if k[:3] == ((m + 31) // 32, D, H)}
+        form = next(iter(forms.values()), None)
+        res: dict = {n: [] for n in impls}
+        names = list(impls)
+        for r in range(args.rounds):
+            for n in call_order(names, r):
+                replays[n]()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(args.reps):
+                    replays[n]()
+                b.record()
+                torch.cuda.synchronize()
+                res[n].append(a.elapsed_time(b) * 1e3 / (args.reps * args.layers))
+        row = {"m": m, "rel_err": errs, "down_form": form}
+        for n in names:
+            row[n] = {"us": statistics.median(res[n]), "rounds": res[n]}
+        rows.append(row)
+        print(f"M {m:4d}  down form {form!s:>4}  " + "  ".join(f"{n} {row[n]['us']:6.1f}" for n in names), flush=True)
+    write_report(args.out, rows, layers=args.layers, reps=args.reps, rounds=args.rounds, d=D, h=H,
+                 weight_bytes=floor_bytes)
+
+
+if __name__ == "__main__":
+    main()
