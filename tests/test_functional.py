@@ -169,6 +169,18 @@ def test_decode_hook_wiring(fused_mlp, monkeypatch):
         assert d._decode_max_m(torch.device("cpu"), (9, 0)) == 8  # capped by decode.MAX_M
         assert d._decode_max_m(torch.device("cpu"), (8, 0)) == 4
         assert d._decode_max_m(torch.device("cpu"), (8, 6)) == 0  # not measured: never
+        # a card's own entry (gated MLPs only), over its capability's; no GPU needed: the card's
+        # name and decode.py are stand-ins
+        cuda0 = torch.device("cuda", 0)
+        monkeypatch.setattr(d, "DECODE_MAX_M", {(9, 0): 4})
+        monkeypatch.setattr(d, "DECODE_MAX_M_BY_CARD", {"NVIDIA H200": 6})
+        monkeypatch.setattr(d, "_card_name", lambda index: "NVIDIA H200")
+        assert d._decode_max_m(cuda0, (9, 0)) == d._decode_max_m(cuda0, (9, 0), "gated") == 6
+        assert d._decode_max_m(cuda0, (9, 0), "mlp") == 4
+        assert d._decode_max_m(cuda0, (8, 6)) == 0  # no entry for the capability: none for the card
+        monkeypatch.setattr(d, "_card_name", lambda index: "NVIDIA H100 80GB HBM3")
+        assert d._decode_max_m(cuda0, (9, 0)) == 4
+        assert d._decode_max_m(torch.device("cpu"), (9, 0)) == 4
         monkeypatch.setattr(d, "choose", lambda *a, **k: d.Choice("decode", "test"))
         t = make_gated(2, 16, 24, 8, torch.float32, "cpu", True)
         check(run_gated(fused_mlp, t, "swish"), ref_gated(fused_mlp, t, "silu"), TOL[torch.float32], "decode")
@@ -675,6 +687,11 @@ def test_gpu_dispatch_choice(fused_mlp):
     assert d.explain(small, "gated") == want_small
     assert d.explain(small, "mlp", "conv1d") == expected  # decode.py takes the linear layout only
     assert d.explain(small.float(), "gated") == expected  # decode.py takes 16-bit inputs only
+    gated_m, plain_m = (d._decode_max_m(small.device, cap, k) if cap >= (8, 0) else 0 for k in ("gated", "mlp"))
+    if gated_m > plain_m:  # a card with its own entry (DECODE_MAX_M_BY_CARD): gated MLPs only
+        assert d.explain(x[:gated_m], "gated") == "decode"
+        assert d.explain(x[:gated_m], "mlp") == expected
+        assert d.explain(x[:gated_m + 1], "gated") == expected
 
 
 # ----------------------------------------------------------------------------- linear_act

@@ -5,7 +5,8 @@ module picks a kernel. Inputs arrive 2-D ([M, D]), validated, activation canonic
 
 Paths, by (device, dtype, shape):
 
-    "decode"           CUDA, bf16/fp16, 0 < M <= DECODE_MAX_M[capability], nn.Linear layout
+    "decode"           CUDA, bf16/fp16, 0 < M <= DECODE_MAX_M[capability] (gated MLPs: the
+                       card's DECODE_MAX_M_BY_CARD entry where it has one), nn.Linear layout
                        with unit-stride weight rows, decode.py present and available:
                        decode.py's small-M kernels
     "triton"           CUDA, fp16/bf16/fp32, compute capability >= 8.0, Triton importable:
@@ -75,6 +76,15 @@ DECODE_MAX_M: dict[tuple[int, int], int] = {
     (8, 0): 8,
     (9, 0): 8,
 }
+# Gated MLPs only, per card (torch.cuda.get_device_name, exact), where that card's own crossover
+# was measured and differs from its capability's entry above (the H100 and the H200 share
+# (9, 0)); it applies only where the capability has an entry.
+# "NVIDIA H200": benchmarks/results/decode_h200_session77.json and decode_loop_ab_h200_session77
+# (Llama-3-8B MLP): the general path of today (sm_90a gate/up kernel + the timed down GEMM) runs
+# 113-116 us at M 1-16 under CUDA graphs, the decode kernels 92-101 us (NOTES, session 77).
+DECODE_MAX_M_BY_CARD: dict[str, int] = {
+    "NVIDIA H200": 16,
+}
 
 
 def _decode_module():
@@ -89,9 +99,20 @@ def _decode_available(device: torch.device) -> bool:
     return bool(_decode_module().available(device))
 
 
-def _decode_max_m(device: torch.device, cap: tuple[int, int]) -> int:
-    """The largest M for the decode path; 0 where this build has no decode kernels."""
+@functools.lru_cache(maxsize=None)
+def _card_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _decode_max_m(device: torch.device, cap: tuple[int, int], kind: str = "gated") -> int:
+    """The largest M for the decode path for an MLP of `kind` ("gated" / "mlp"); 0 where this
+    build has no decode kernels."""
     limit = DECODE_MAX_M.get(cap, 0)
+    # a card's entry refines its capability's: none where the capability has none (an emptied
+    # DECODE_MAX_M switches the decode path off everywhere, as the tests and benchmarks do)
+    if limit > 0 and kind == "gated" and device.type == "cuda" and DECODE_MAX_M_BY_CARD:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        limit = DECODE_MAX_M_BY_CARD.get(_card_name(index), limit)
     if limit <= 0 or not _decode_available(device):
         return 0
     return min(limit, _decode_module().MAX_M)
@@ -180,7 +201,7 @@ def choose(x: Tensor, kind: str, weights: tuple = (), hidden: int = 0,
         cap = _capability(dev.index if dev.index is not None else torch.cuda.current_device())
         if cap < (8, 0):
             return Choice("reference", f"compute capability {cap} < (8, 0)")
-        if (0 < m <= _decode_max_m(dev, cap) and dtype in _DECODE_DTYPES
+        if (0 < m <= _decode_max_m(dev, cap, kind) and dtype in _DECODE_DTYPES
                 and (kind == "gated" or weight_layout == "linear")
                 and all(w.stride(-1) == 1 for w in weights)):  # decode.py reads unit-stride rows
             return _cuda_choice("decode", cap, dtype)
