@@ -42,21 +42,30 @@ D, H = 4096, 14336
 TOL = 2e-2  # bf16 output against float64 (bench_decode.py's bound)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def loop_args(doc: str, ms: str) -> argparse.Namespace:
+    """The arguments this probe and micro/general_small_m.py share (M list default `ms`)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out", default=None)
-    p.add_argument("--ms", default="1,2,4,8,12,16,24,32")
+    p.add_argument("--ms", default=ms)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def layer_weights(layers: int, gen: torch.Generator, dt: torch.dtype = torch.bfloat16) -> list:
+    """`layers` sets of Llama-3-8B's MLP weights (gate, up, down; nn.Linear layout) on the GPU."""
+    return [tuple((torch.randn(o, i, device="cuda", generator=gen) / i**0.5).to(dt)
+                  for o, i in ((H, D), (H, D), (D, H))) for _ in range(layers)]
+
+
+def main() -> None:
+    args = loop_args(__doc__, "1,2,4,8,12,16,24,32")
     fm, dec = local_package("decode")
     general = GeneralPath(fm)
     gen = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
-    W = [tuple((torch.randn(o, i, device="cuda", generator=gen) / i**0.5).to(dt)
-               for o, i in ((H, D), (H, D), (D, H))) for _ in range(args.layers)]
+    W = layer_weights(args.layers, gen, dt)
 
     rows = []
     for m in (int(s) for s in args.ms.split(",")):

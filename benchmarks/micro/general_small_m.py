@@ -23,7 +23,6 @@ against the float64 reference first.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -32,29 +31,20 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import call_order, graphed, local_package, rel_err, swiglu_eager, write_report  # noqa: E402
 from bench_decode import GeneralPath  # noqa: E402
-
-D, H = 4096, 14336
-TOL = 2e-2  # bf16 output against float64 (bench_decode.py's bound)
+from decode_loop_ab import D, H, TOL, layer_weights, loop_args  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None)
-    p.add_argument("--ms", default="1,8,16,32,64,128")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
-
+    args = loop_args(__doc__, "1,8,16,32,64,128")
     fm, tg, dec = local_package("triton_gemm", "decode")
     general = GeneralPath(fm)
     act = fm.activations.ACTIVATION_IDS["silu"]
     gen = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
-    W = [tuple((torch.randn(o, i, device="cuda", generator=gen) / i**0.5).to(dt)
-               for o, i in ((H, D), (H, D), (D, H))) for _ in range(args.layers)]
+    W = layer_weights(args.layers, gen, dt)
     floor_bytes = sum(w.numel() * w.element_size() for w in W[0])
 
     rows = []
