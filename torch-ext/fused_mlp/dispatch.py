@@ -79,9 +79,9 @@ DECODE_MAX_M: dict[tuple[int, int], int] = {
 # Gated MLPs only, per card (torch.cuda.get_device_name, exact), where that card's own crossover
 # was measured and differs from its capability's entry above (the H100 and the H200 share
 # (9, 0)); it applies only where the capability has an entry.
-# "NVIDIA H200": benchmarks/results/decode_h200_session77.json and decode_loop_ab_h200_session77
-# (Llama-3-8B MLP): the general path of today (sm_90a gate/up kernel + the timed down GEMM) runs
-# 113-116 us at M 1-16 under CUDA graphs, the decode kernels 92-101 us (NOTES, session 77).
+# "NVIDIA H200": benchmarks/results/decode_h200_session77.json ("crossover", Llama-3-8B MLP):
+# the general path of today (sm_90a gate/up kernel + the timed down GEMM) runs 113-116 us at
+# M 1-16 under CUDA graphs, the decode kernels 92-101 us; behind from M 32 (NOTES, session 77).
 DECODE_MAX_M_BY_CARD: dict[str, int] = {
     "NVIDIA H200": 16,
 }
