@@ -23,9 +23,11 @@ against the float64 reference first.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -66,9 +68,10 @@ def main() -> None:
             raise SystemExit(f"M {m}: outputs off the float64 reference: {bad}")
         replays = {n: graphed(lambda fn=fn: [fn(i) for i in range(args.layers)]) for n, fn in impls.items()}
         # the down form the timing rule picked for this shape (1: F.linear, else a split count or
-        # the one-kernel form), from its cache: the key's first three fields are (M + 31) // 32, N, K
-        forms = {k: v for k, v in tg._DOWN_CHOICE.items() if k[:3] == ((m + 31) // 32, D, H)}
-        form = next(iter(forms.values()), None)
+        # the one-kernel form): down_parts in its "auto" mode answers as a capture does, from the
+        # choice the warm-up's first eager call timed and cached
+        with mock.patch.dict(os.environ, {"FUSED_MLP_DOWN_SPLIT": "auto"}):
+            form = tg.down_parts(hs[0], W[0][2], None)
         res: dict = {n: [] for n in impls}
         names = list(impls)
         for r in range(args.rounds):
