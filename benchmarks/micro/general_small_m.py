@@ -12,6 +12,9 @@ over LAYERS distinct weight sets (nothing of one set is in L2 when the next is r
     down         triton_gemm.down_linear as the general path runs it under capture (the form
                  its timing rule chose: F.linear, a split or the one-kernel form)
     down_linear  F.linear alone (cuBLAS)
+    down_<form>  each other form down_linear may take for this shape (split2, split4, kernel:
+                 triton_gemm.down_forms_allowed), so that one run shows which form each M
+                 bucket should take, beside the rule's own timing of them (rule_ms)
     general      the whole general path
     decode       fused_mlp.decode.gated_mlp (where M <= decode.MAX_M)
 all interleaved round by round (call_order), each the median over rounds of events around
@@ -39,6 +42,20 @@ from bench_decode import GeneralPath  # noqa: E402
 from decode_loop_ab import D, H, TOL, layer_weights, loop_args  # noqa: E402
 
 
+def form_name(tg, form: int) -> str:
+    """A down form as the rows name it: linear (F.linear), split<S>, kernel (down_gemm_sm90)."""
+    return "linear" if form == 1 else "kernel" if form == tg._ONE_KERNEL else f"split{form}"
+
+
+def rule_times(tg, m: int) -> dict:
+    """What down_parts' timing rule measured (ms per call, by form) for this probe's down
+    projection in M's 32-row bucket, from its cache; empty where it timed nothing."""
+    for key, times in tg._DOWN_TIMES.items():
+        if key[:3] == ((m + 31) // 32, D, H):
+            return {form_name(tg, f): ms for f, ms in times.items()}
+    return {}
+
+
 def main() -> None:
     args = loop_args(__doc__, "1,8,16,32,64,128")
     fm, tg, dec = local_package("triton_gemm", "decode")
@@ -59,6 +76,8 @@ def main() -> None:
             "down_linear": lambda i: F.linear(hs[i], W[i][2]),
             "general": lambda i: general(x, *W[i]),
         }
+        for f in tg.down_forms_allowed(hs[0], W[0][2], None):
+            impls[f"down_{form_name(tg, f)}"] = lambda i, f=f: tg._down_form(hs[i], W[i][2], None, f)
         if m <= dec.MAX_M:
             impls["decode"] = lambda i: dec.gated_mlp(x, *W[i], "silu")
         ref = swiglu_eager(x.double(), *(w.double() for w in W[0]))
@@ -84,11 +103,14 @@ def main() -> None:
                 b.record()
                 torch.cuda.synchronize()
                 res[n].append(a.elapsed_time(b) * 1e3 / (args.reps * args.layers))
-        row = {"m": m, "rel_err": errs, "down_form": form}
+        row = {"m": m, "rel_err": errs, "down_form": form, "rule_ms": rule_times(tg, m)}
         for n in names:
             row[n] = {"us": statistics.median(res[n]), "rounds": res[n]}
         rows.append(row)
-        print(f"M {m:4d}  down form {form!s:>4}  " + "  ".join(f"{n} {row[n]['us']:6.1f}" for n in names), flush=True)
+        print(f"M {m:4d}  down form {form_name(tg, form):>6}  " + "  ".join(f"{n} {row[n]['us']:6.1f}" for n in names),
+              flush=True)
+        print(f"        the rule's GPU times (us): "
+              + "  ".join(f"{k} {v * 1e3:6.1f}" for k, v in row["rule_ms"].items()), flush=True)
     write_report(args.out, rows, layers=args.layers, reps=args.reps, rounds=args.rounds, d=D, h=H,
                  weight_bytes=floor_bytes)
 
