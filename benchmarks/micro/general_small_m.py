@@ -12,13 +12,14 @@ over LAYERS distinct weight sets (nothing of one set is in L2 when the next is r
     down         triton_gemm.down_linear as the general path runs it under capture (the form
                  its timing rule chose: F.linear, a split or the one-kernel form)
     down_linear  F.linear alone (cuBLAS)
-    down_<form>  each other form down_linear may take for this shape (split2, split4, kernel:
-                 triton_gemm.down_forms_allowed), so that one run shows which form each M
-                 bucket should take, beside the rule's own timing of them (rule_ms)
+    down_form<F> each other form down_linear may take for this shape (triton_gemm's form codes:
+                 2 / 4 the K splits, 0 the one-kernel form; down_forms_allowed), so that one run
+                 shows which form each M bucket should take
     general      the whole general path
     decode       fused_mlp.decode.gated_mlp (where M <= decode.MAX_M)
 all interleaved round by round (call_order), each the median over rounds of events around
-REPS replays. Also prints the down form chosen at each M. Every whole-MLP output is checked
+REPS replays. Also prints the down form chosen at each M, and at the end what the timing rule
+measured per M bucket (down_stream.down_choice_report). Every whole-MLP output is checked
 against the float64 reference first.
 
     KERNELS_CACHE=.hub-cache HF_HUB_OFFLINE=1 python3 benchmarks/micro/general_small_m.py [--out F]
@@ -40,20 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import call_order, graphed, local_package, rel_err, swiglu_eager, write_report  # noqa: E402
 from bench_decode import GeneralPath  # noqa: E402
 from decode_loop_ab import D, H, TOL, layer_weights, loop_args  # noqa: E402
-
-
-def form_name(tg, form: int) -> str:
-    """A down form as the rows name it: linear (F.linear), split<S>, kernel (down_gemm_sm90)."""
-    return "linear" if form == 1 else "kernel" if form == tg._ONE_KERNEL else f"split{form}"
-
-
-def rule_times(tg, m: int) -> dict:
-    """What down_parts' timing rule measured (ms per call, by form) for this probe's down
-    projection in M's 32-row bucket, from its cache; empty where it timed nothing."""
-    for key, times in tg._DOWN_TIMES.items():
-        if key[:3] == ((m + 31) // 32, D, H):
-            return {form_name(tg, f): ms for f, ms in times.items()}
-    return {}
+from down_stream import down_choice_report  # noqa: E402
 
 
 def main() -> None:
@@ -77,7 +65,7 @@ def main() -> None:
             "general": lambda i: general(x, *W[i]),
         }
         for f in tg.down_forms_allowed(hs[0], W[0][2], None):
-            impls[f"down_{form_name(tg, f)}"] = lambda i, f=f: tg._down_form(hs[i], W[i][2], None, f)
+            impls[f"down_form{f}"] = lambda i, f=f: tg._down_form(hs[i], W[i][2], None, f)
         if m <= dec.MAX_M:
             impls["decode"] = lambda i: dec.gated_mlp(x, *W[i], "silu")
         ref = swiglu_eager(x.double(), *(w.double() for w in W[0]))
@@ -103,16 +91,13 @@ def main() -> None:
                 b.record()
                 torch.cuda.synchronize()
                 res[n].append(a.elapsed_time(b) * 1e3 / (args.reps * args.layers))
-        row = {"m": m, "rel_err": errs, "down_form": form, "rule_ms": rule_times(tg, m)}
+        row = {"m": m, "rel_err": errs, "down_form": form}
         for n in names:
             row[n] = {"us": statistics.median(res[n]), "rounds": res[n]}
         rows.append(row)
-        print(f"M {m:4d}  down form {form_name(tg, form):>6}  " + "  ".join(f"{n} {row[n]['us']:6.1f}" for n in names),
-              flush=True)
-        print(f"        the rule's GPU times (us): "
-              + "  ".join(f"{k} {v * 1e3:6.1f}" for k, v in row["rule_ms"].items()), flush=True)
+        print(f"M {m:4d}  down form {form!s:>4}  " + "  ".join(f"{n} {row[n]['us']:6.1f}" for n in names), flush=True)
     write_report(args.out, rows, layers=args.layers, reps=args.reps, rounds=args.rounds, d=D, h=H,
-                 weight_bytes=floor_bytes)
+                 weight_bytes=floor_bytes, down_choice=down_choice_report(tg))
 
 
 if __name__ == "__main__":
