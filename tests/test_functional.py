@@ -965,6 +965,48 @@ def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
+    """The fitted box (the default; FUSED_MLP_SM90_FIT_X=0 gives back the 128-row box, =1 asks for
+    the default) cuts x's TMA box to M rows rounded up to 8 where M < 128: the
+    stage's other rows keep what earlier launches left in shared memory (each run here follows one
+    on rows of 1e4, so that those rows are likely not zeros; outputs NaN-poisoned), and only the
+    stored rows count. The
+    stored rows are the bits of the 128-row box, inference and training (g | u), with and without
+    biases, right against float64; M 128 and above are unchanged by the switch."""
+    need_sm90(fused_mlp)
+    ids = fused_mlp.activations.ACTIVATION_IDS
+    k, n = 200, 1000
+    big = torch.full((128, k), 1e4, dtype=dtype, device="cuda")
+    for i, m in enumerate((1, 3, 8, 17, 64, 100, 127, 128, 130)):
+        bias, train = i % 2 == 1, i % 3 == 2
+        gen = torch.Generator().manual_seed(70 + i)
+        x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
+        wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
+        bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
+                  else (None, None))
+
+        def run(fit):
+            monkeypatch.setenv("FUSED_MLP_SM90_FIT_X", fit)
+            junk = torch.empty((128, n), dtype=dtype, device="cuda")  # fills the stages with 1e4 rows
+            fused_mlp.ops.gated_gemm_sm90(junk, big, wg, wu, None, None, None, ids["silu"], 0)
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            pre = torch.full((m, 2 * n), float("nan"), dtype=dtype, device="cuda") if train else None
+            fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids["silu"], 0)
+            return out, pre
+
+        out, pre = run("1")
+        out0, pre0 = run("0")
+        what = f"M={m} bias={bias} train={train} {dtype}"
+        assert torch.equal(out, out0), what
+        if train:
+            assert torch.equal(pre, pre0), what
+        g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
+        u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+        check(out.cpu(), (torch.nn.functional.silu(g) * u).cpu(), TOL[dtype], what)
+
+
+@pytest.mark.gpu
 def test_gpu_sm90_group_m(fused_mlp, monkeypatch):
     """FUSED_MLP_SM90_GROUP_M (row blocks that walk the columns together) changes the order of
     the tiles, not what they compute: every setting, including groups that do not divide the 17

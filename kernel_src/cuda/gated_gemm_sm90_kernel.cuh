@@ -180,6 +180,11 @@ struct Params {
   // the round takes a fraction of a tile's time instead of a whole one. 1: off.
   int tail_first = 0x7fffffff;
   int tail_split = 1;
+  // Rows of x's TMA box (the map the op encodes): kBM, or fewer where x has fewer rows than a
+  // row block (the gated forward's fitted box, gated_gemm_sm90.cu's x_box_rows): the stage's
+  // rows past them keep whatever shared memory held, and the output rows they feed are never
+  // stored (the epilogues' stores are masked by M).
+  int x_rows = kBM;
 #if FUSED_MLP_SM90_PROBE_CLOCKS
   unsigned long long* clocks = nullptr;  // [gridDim.x * kClockSlots]
 #endif
@@ -1327,6 +1332,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
       else if (kPair)  // the multicast load always names a policy: the default one
         asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
       const uint32_t rank = kPair ? cluster_rank() : 0;
+      const int x_bytes = p.x_rows * kBK * 2;  // what x's box lands per stage (kTileBytesX unless fitted)
       uint32_t c = 0;
       long long waited = 0;
       for (int t = (FUSED_MLP_SM90_PROBE_NOMAIN ? tiles : blockIdx.x); t < tail.first; t += gridDim.x) {
@@ -1340,7 +1346,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
           // the first is issued, so each weight row's two 128-byte pieces are requested together.
           if (kb % 2 == 0 && kb + 1 < ksteps) bar_wait_timed(&empty[(c + 1) % kSt], (((c + 1) / kSt) & 1) ^ 1, waited);
 #endif
-          bar_expect_tx(&full[s], kStageBytes - (FUSED_MLP_SM90_PROBE_NOX ? kTileBytesX : 0) -
+          bar_expect_tx(&full[s], kStageBytes - (FUSED_MLP_SM90_PROBE_NOX ? kTileBytesX : kTileBytesX - x_bytes) -
                                       (kNoWu ? L::kTileBytesW : 0));
           uint8_t* st = smem + s * kStageBytes;
           if (!FUSED_MLP_SM90_PROBE_NOX) tma_load(st, &map_x, &full[s], kb * kBK, m0, policy);
@@ -1364,7 +1370,7 @@ __global__ void __launch_bounds__(threads<E, BN>(), 1)
           int m0, n0;
           tile_coords<kTileN>(tail.t, p, m0, n0);
           n0 += tail.n_off;
-          const uint32_t bytes = kTileBytesX + 2 * (BN / tail.split) * kBK * 2;
+          const uint32_t bytes = x_bytes + 2 * (BN / tail.split) * kBK * 2;
           for (int kb = 0; kb < ksteps; ++kb, ++c) {
             const int s = c % kSt;
             bar_wait_timed(&empty[s], ((c / kSt) & 1) ^ 1, waited);
