@@ -172,6 +172,25 @@ def interleaved_us(fns: dict, eviction: str = "fill", reps: int = 40, rounds: in
     return {n: (statistics.median(v), v) for n, v in per_round.items()}
 
 
+def replay_rounds_us(replays: dict, rounds: int, reps: int, calls: int) -> dict:
+    """{name: {"us": median over rounds, "rounds": [us per call, one value per round]}}: each
+    replay (a CUDA graph's, say, of `calls` calls) run once untimed, then timed by events around
+    `reps` replays; the names interleaved round by round (call_order)."""
+    res: dict = {n: [] for n in replays}
+    names = list(replays)
+    for r in range(rounds):
+        for n in call_order(names, r):
+            replays[n]()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(reps):
+                replays[n]()
+            b.record()
+            torch.cuda.synchronize()
+            res[n].append(a.elapsed_time(b) * 1e3 / (reps * calls))
+    return {n: {"us": statistics.median(v), "rounds": v} for n, v in res.items()}
+
+
 def trace_events(prof, cats: tuple = ("kernel",)) -> list:
     """The events of a finished torch.profiler run whose category is in `cats` ("kernel",
     "gpu_memset", "gpu_memcpy", "cpu_op", ...), sorted by start time, as the run's Chrome trace

@@ -28,7 +28,6 @@ against the float64 reference first.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from pathlib import Path
 from unittest import mock
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import call_order, graphed, local_package, rel_err, swiglu_eager, write_report  # noqa: E402
+from _common import graphed, local_package, rel_err, replay_rounds_us, swiglu_eager, write_report  # noqa: E402
 from bench_decode import GeneralPath  # noqa: E402
 from decode_loop_ab import D, H, TOL, layer_weights, loop_args  # noqa: E402
 from down_stream import down_choice_report  # noqa: E402
@@ -79,23 +78,10 @@ def main() -> None:
         # choice the warm-up's first eager call timed and cached
         with mock.patch.dict(os.environ, {"FUSED_MLP_DOWN_SPLIT": "auto"}):
             form = tg.down_parts(hs[0], W[0][2], None)
-        res: dict = {n: [] for n in impls}
-        names = list(impls)
-        for r in range(args.rounds):
-            for n in call_order(names, r):
-                replays[n]()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(args.reps):
-                    replays[n]()
-                b.record()
-                torch.cuda.synchronize()
-                res[n].append(a.elapsed_time(b) * 1e3 / (args.reps * args.layers))
-        row = {"m": m, "rel_err": errs, "down_form": form}
-        for n in names:
-            row[n] = {"us": statistics.median(res[n]), "rounds": res[n]}
+        row = {"m": m, "rel_err": errs, "down_form": form,
+               **replay_rounds_us(replays, args.rounds, args.reps, args.layers)}
         rows.append(row)
-        print(f"M {m:4d}  down form {form!s:>4}  " + "  ".join(f"{n} {row[n]['us']:6.1f}" for n in names), flush=True)
+        print(f"M {m:4d}  down form {form!s:>4}  " + "  ".join(f"{n} {row[n]['us']:6.1f}" for n in impls), flush=True)
     write_report(args.out, rows, layers=args.layers, reps=args.reps, rounds=args.rounds, d=D, h=H,
                  weight_bytes=floor_bytes, down_choice=down_choice_report(tg))
 
