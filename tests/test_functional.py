@@ -967,13 +967,12 @@ def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
-    """The fitted box (the default; FUSED_MLP_SM90_FIT_X=0 gives back the 128-row box, =1 asks for
-    the default) cuts x's TMA box to M rows rounded up to 8 where M < 128: the
-    stage's other rows keep what earlier launches left in shared memory (each run here follows one
-    on rows of 1e4, so that those rows are likely not zeros; outputs NaN-poisoned), and only the
-    stored rows count. The
-    stored rows are the bits of the 128-row box, inference and training (g | u), with and without
-    biases, right against float64; M 128 and above are unchanged by the switch."""
+    """The fitted box (the default; FUSED_MLP_SM90_FIT_X=0 gives back the 128-row box) cuts x's
+    TMA box to M rows rounded up to 8 where M < 128: the stage's other rows keep what earlier
+    launches left in shared memory (each run here follows one on rows of 1e4, so that those rows
+    are likely not zeros; outputs NaN-poisoned), and only the stored rows count. The stored rows
+    are the bits of the 128-row box, with the switch unset and at 1, inference and training
+    (g | u), with and without biases, right against float64; M 128 and above are unchanged."""
     need_sm90(fused_mlp)
     ids = fused_mlp.activations.ACTIVATION_IDS
     k, n = 200, 1000
@@ -987,7 +986,10 @@ def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
                   else (None, None))
 
         def run(fit):
-            monkeypatch.setenv("FUSED_MLP_SM90_FIT_X", fit)
+            if fit is None:
+                monkeypatch.delenv("FUSED_MLP_SM90_FIT_X", raising=False)
+            else:
+                monkeypatch.setenv("FUSED_MLP_SM90_FIT_X", fit)
             junk = torch.empty((128, n), dtype=dtype, device="cuda")  # fills the stages with 1e4 rows
             fused_mlp.ops.gated_gemm_sm90(junk, big, wg, wu, None, None, None, ids["silu"], 0)
             out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
@@ -995,12 +997,13 @@ def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
             fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids["silu"], 0)
             return out, pre
 
-        out, pre = run("1")
-        out0, pre0 = run("0")
+        out, pre = run(None)
         what = f"M={m} bias={bias} train={train} {dtype}"
-        assert torch.equal(out, out0), what
-        if train:
-            assert torch.equal(pre, pre0), what
+        for fit in ("1", "0"):
+            out_f, pre_f = run(fit)
+            assert torch.equal(out, out_f), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
+            if train:
+                assert torch.equal(pre, pre_f), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
         g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
         u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
         check(out.cpu(), (torch.nn.functional.silu(g) * u).cpu(), TOL[dtype], what)
