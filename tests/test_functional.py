@@ -972,7 +972,8 @@ def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
     launches left in shared memory (each run here follows one on rows of 1e4, so that those rows
     are likely not zeros; outputs NaN-poisoned), and only the stored rows count. The stored rows
     are the bits of the 128-row box, with the switch unset and at 1, inference and training
-    (g | u), with and without biases, right against float64; M 128 and above are unchanged."""
+    (g | u), with and without biases, right against float64; M 128 and above are unchanged. The
+    launch plan (gated_gemm_sm90_plan's last entry) shows which box each setting takes."""
     need_sm90(fused_mlp)
     ids = fused_mlp.activations.ACTIVATION_IDS
     k, n = 200, 1000
@@ -990,7 +991,7 @@ def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
                 monkeypatch.delenv("FUSED_MLP_SM90_FIT_X", raising=False)
             else:
                 monkeypatch.setenv("FUSED_MLP_SM90_FIT_X", fit)
-            junk = torch.empty((128, n), dtype=dtype, device="cuda")  # fills the stages with 1e4 rows
+            junk = torch.empty((128, n), dtype=dtype, device="cuda")  # leaves 1e4 rows in the stages
             fused_mlp.ops.gated_gemm_sm90(junk, big, wg, wu, None, None, None, ids["silu"], 0)
             out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
             pre = torch.full((m, 2 * n), float("nan"), dtype=dtype, device="cuda") if train else None
@@ -999,8 +1000,11 @@ def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
 
         out, pre = run(None)
         what = f"M={m} bias={bias} train={train} {dtype}"
+        assert fused_mlp.ops.gated_gemm_sm90_plan(m, n, 0, train)[5] == min(-(-m // 8) * 8, 128), what
         for fit in ("1", "0"):
             out_f, pre_f = run(fit)
+            box = fused_mlp.ops.gated_gemm_sm90_plan(m, n, 0, train)[5]
+            assert box == (128 if fit == "0" else min(-(-m // 8) * 8, 128)), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
             assert torch.equal(out, out_f), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
             if train:
                 assert torch.equal(pre, pre_f), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
@@ -1072,7 +1076,7 @@ def test_gpu_sm90_narrow_tail(fused_mlp, monkeypatch, dtype):
         m = narrow_tail_rows(sms, -(-n // 128), split) * 128 - 50
         tiles = -(-m // 128) * -(-n // 128)
         monkeypatch.delenv("FUSED_MLP_SM90_NARROW_TAIL", raising=False)
-        assert list(fused_mlp.ops.gated_gemm_sm90_plan(m, n, 128)) == [128, tiles, split, tiles // sms * sms, 0], m
+        assert list(fused_mlp.ops.gated_gemm_sm90_plan(m, n, 128)) == [128, tiles, split, tiles // sms * sms, 0, 128], m
         monkeypatch.setenv("FUSED_MLP_SM90_NARROW_TAIL", "0")
         assert list(fused_mlp.ops.gated_gemm_sm90_plan(m, n, 128, True))[2] == 1, m
         gen = torch.Generator().manual_seed(50 + split)
@@ -1108,24 +1112,24 @@ def test_gpu_sm90_narrow_tail(fused_mlp, monkeypatch, dtype):
 @pytest.mark.gpu
 def test_gpu_sm90_plan(fused_mlp, monkeypatch):
     """The gated forward's launch plan (gated_gemm_sm90_plan: block_n, tiles, tail_split,
-    tail_first, h_only) at the issue's SwiGLU shapes, as the notes describe it for a GPU with
+    tail_first, h_only, x's box rows) at the issue's SwiGLU shapes, as the notes describe it for a GPU with
     132 SMs (the H200): M 128 and 512 on 112-column tiles and the h-only kind for inference, not
     for training; M 4096 on 128-column tiles with its last round (20 tiles) in 4 slices; M 16384
     without a tail (80 tiles left over: more than half the SMs). Bad arguments are errors
     naming them."""
     need_sm90(fused_mlp)
-    for name in ("FUSED_MLP_SM90_NARROW_TAIL", "FUSED_MLP_SM90_H_ONLY"):
+    for name in ("FUSED_MLP_SM90_NARROW_TAIL", "FUSED_MLP_SM90_H_ONLY", "FUSED_MLP_SM90_FIT_X"):
         monkeypatch.delenv(name, raising=False)
     plan = fused_mlp.ops.gated_gemm_sm90_plan
     if torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count == 132:
-        assert list(plan(128, 14336)) == [112, 128, 1, 0, 1]
-        assert list(plan(128, 14336, 0, True)) == [112, 128, 1, 0, 0]
-        assert list(plan(512, 14336)) == [112, 512, 1, 0, 1]
-        assert list(plan(4096, 14336)) == [128, 3584, 4, 3564, 0]
-        assert list(plan(16384, 14336)) == [128, 14336, 1, 0, 0]
+        assert list(plan(128, 14336)) == [112, 128, 1, 0, 1, 128]
+        assert list(plan(128, 14336, 0, True)) == [112, 128, 1, 0, 0, 128]
+        assert list(plan(512, 14336)) == [112, 512, 1, 0, 1, 128]
+        assert list(plan(4096, 14336)) == [128, 3584, 4, 3564, 0, 128]
+        assert list(plan(16384, 14336)) == [128, 14336, 1, 0, 0, 128]
     monkeypatch.setenv("FUSED_MLP_SM90_H_ONLY", "0")
     assert list(plan(128, 14336))[4] == 0
-    assert list(plan(1, 8, 128)) == [128, 1, 1, 0, 0]
+    assert list(plan(1, 8, 128)) == [128, 1, 1, 0, 0, 8]
     with pytest.raises(RuntimeError, match="gated_gemm_sm90_plan takes block_n 0"):
         plan(128, 14336, 96)
     x = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)

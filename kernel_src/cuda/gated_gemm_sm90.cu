@@ -140,6 +140,18 @@ void check_block_n(const char* op, int64_t block_n) {
                   " takes block_n 0 (chosen here), 112 or 128, got ", block_n);
 }
 
+// Rows of x's TMA box in the gated forward (GatedPlan::x_rows, Params::x_rows): with fewer rows
+// than one row block, M rounded up to 8 (one swizzle atom of 8 x 128 bytes) instead of kBM,
+// unless FUSED_MLP_SM90_FIT_X=0. With the full box the copy engine fills the rows past the end of
+// x with zeros, and that cost time: on an H100 (Llama-3-8B's gate/up, CUDA graphs) 87.7 us at M 1
+// against 83.7 with the same rows zero-padded to 128 in memory; the fitted box 81.0, the same
+// bits, and the whole MLP 130.3 -> 123.1 us at M 1, 128.0 -> 124.9 at M 16, unchanged at M 64
+// (NOTES, session 79; benchmarks/micro/gate_up_rows.py).
+int x_box_rows(int64_t M) {
+  if (M >= kBM || switched_off("FUSED_MLP_SM90_FIT_X")) return kBM;
+  return static_cast<int>((M + 7) / 8 * 8);
+}
+
 // What the gated forward launches for M x N (the choices above, in one place: the op below and
 // gated_gemm_sm90_plan, which the GPU tests read, both take them from here).
 struct GatedPlan {
@@ -148,6 +160,7 @@ struct GatedPlan {
   int tail_split;  // column slices per tile of the last, partial round (1: no narrow tail)
   int tail_first;  // first tile of that round (with tail_split > 1)
   bool h_only;     // the kind: Epi::kGatedFwdH, else Epi::kGatedFwd
+  int x_rows;      // rows of x's TMA box (x_box_rows)
 };
 GatedPlan gated_plan(int64_t M, int64_t N, int64_t block_n, bool training, int sms) {
   GatedPlan r{};
@@ -157,19 +170,8 @@ GatedPlan gated_plan(int64_t M, int64_t N, int64_t block_n, bool training, int s
   r.tail_split = r.block_n == 128 ? narrow_tail_split(r.tiles, sms) : 1;
   r.tail_first = r.tail_split > 1 ? static_cast<int>((r.tiles / sms) * sms) : 0;  // the grid is sms wide then
   r.h_only = !training && blocks <= kHOnlyMaxRowBlocks && !switched_off("FUSED_MLP_SM90_H_ONLY");
+  r.x_rows = x_box_rows(M);
   return r;
-}
-
-// Rows of x's TMA box in the gated forward (Params::x_rows): with fewer rows than one row block,
-// M rounded up to 8 (one swizzle atom of 8 x 128 bytes) instead of kBM, unless
-// FUSED_MLP_SM90_FIT_X=0. With the full box the copy engine fills the rows past the end of x with
-// zeros, and that cost time: on an H100 (Llama-3-8B's gate/up, CUDA graphs) 87.7 us at M 1
-// against 83.7 with the same rows zero-padded to 128 in memory; the fitted box 81.0, the same
-// bits, and the whole MLP 130.3 -> 123.1 us at M 1, 128.0 -> 124.9 at M 16, unchanged at M 64
-// (NOTES, session 79; benchmarks/micro/gate_up_rows.py).
-int x_box_rows(int64_t M) {
-  if (M >= kBM || switched_off("FUSED_MLP_SM90_FIT_X")) return kBM;
-  return static_cast<int>((M + 7) / 8 * 8);
 }
 
 // Params::group_m: FUSED_MLP_SM90_GROUP_M (a positive integer) where set, else the default.
@@ -276,7 +278,7 @@ void gated_gemm_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& gat
   const GatedPlan plan = gated_plan(M, N, block_n, pre.has_value(), sm_count(device));
   const int bn = plan.block_n, split = plan.tail_split;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-  p.x_rows = x_box_rows(M);
+  p.x_rows = plan.x_rows;
   const CUtensorMap mx = tensor_map(x, kBK, p.x_rows, "x"), mg = tensor_map(gate_weight, kBK, bn, "gate_weight"),
                     mu = tensor_map(up_weight, kBK, bn, "up_weight");
   // The narrow tail (128-column tiles only): the weights' maps in boxes of the slice's width.
@@ -309,7 +311,7 @@ std::vector<int64_t> gated_gemm_sm90_plan(int64_t M, int64_t N, int64_t block_n,
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   const GatedPlan plan = gated_plan(M, N, block_n, training, sm_count(device));
-  return {plan.block_n, plan.tiles, plan.tail_split, plan.tail_first, plan.h_only ? 1 : 0};
+  return {plan.block_n, plan.tiles, plan.tail_split, plan.tail_first, plan.h_only ? 1 : 0, plan.x_rows};
 }
 
 // The backward's first GEMM with the activation's derivative in its epilogue (the same
