@@ -600,6 +600,34 @@ def test_gpu_suite_runs_nothing_on_another_card(tmp_path):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_gpu_session_runs_nothing_on_another_card(tmp_path):
+    """tools/gpu_session.sh with REQUIRE_CARD=H200 on a machine whose nvidia-smi names an H100
+    says so in its log and runs no step (no stage, no probe, no result file)."""
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "OUT": str(out),
+           "REQUIRE_CARD": "H200"}
+    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "stage", "micro-small-m"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "card: NVIDIA H100 80GB HBM3; not an H200: nothing run" in r.stdout
+    assert "=== stage" not in r.stdout and "=== micro-small-m" not in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["session.log"]
+
+
+def test_gpu_session_names_only_scripts_that_exist():
+    """Every benchmarks/ or tools/ Python script gpu_session.sh runs is in the tree (a renamed
+    probe would otherwise fail only on the device, after the machine's start)."""
+    script = (ROOT / "tools" / "gpu_session.sh").read_text()
+    named = set(re.findall(r"\b((?:benchmarks|tools)/[\w/]+\.py)\b", script))
+    assert {"benchmarks/micro/general_small_m.py", "benchmarks/micro/decode_loop_ab.py"} <= named
+    missing = sorted(n for n in named if not (ROOT / n).is_file())
+    assert not missing, missing
+
+
 def test_gpu_suite_covers_every_gpu_test_file():
     """Every test file with GPU-marked tests is in one of gpu_suite.sh's streams."""
     script = (ROOT / "tools" / "gpu_suite.sh").read_text()

@@ -4,13 +4,16 @@
 # run the GPU tests and the benchmarks. The log goes to $OUT/session.log, results to $OUT/*.json.
 #
 #   bash tools/gpu_session.sh [steps...]
-#   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 micro-down micro-down-diag host-overhead bench-mlp bench-decode bench-train
+#   steps: build stage test test-gpu bench-act micro-act micro-gemm micro-lt micro-sm90 micro-down micro-down-diag micro-small-m host-overhead bench-mlp bench-decode bench-train
 #          mem-trace kernel-config profile matrix kernels-bench demo alloc-regime
 #   environment: BUILD_ARGS (build_variant.py), TEST_FILES / PYTEST_K / PYTEST_TIMEOUT (test-gpu),
 #   PYTEST_ARGS (test), MICRO_GEMM_ARGS, MICRO_SM90_ARGS, BENCH_MLP_ARGS, BENCH_TRAIN_ARGS, MEM_TRACE_ARGS, HOST_OVERHEAD_ARGS,
 #   MATRIX_ARGS / MATRIX_TESTS, ALLOC_REGIME_LAYOUTS / ALLOC_REGIME_RUNS / ALLOC_REGIME_ARGS,
 #   DOWN_CHECK_TIMEOUT (micro-down: seconds per form's check, default 90),
-#   GPU_TAG (the result files' card name; default from nvidia-smi: h200, h100, ...)
+#   GPU_TAG (the result files' card name; default from nvidia-smi: h200, h100, ...),
+#   REQUIRE_CARD (run nothing unless nvidia-smi's card name contains it, e.g. H200: the device
+#   tool may lend another card than the one asked for, and a probe meant for one card then costs
+#   only the machine's start), SMALL_M_GENERAL_MS / SMALL_M_DECODE_MS (micro-small-m's M lists)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -30,10 +33,15 @@ gpu_tag() { $PY -c 'import sys; sys.path.insert(0, "benchmarks"); from _common i
 has() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 step "setup: ${STEPS[*]}"
+card="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+if [ -n "${REQUIRE_CARD:-}" ] && [[ "$card" != *"$REQUIRE_CARD"* ]]; then
+  echo "card: ${card:-none}; not an ${REQUIRE_CARD}: nothing run" | tee -a "$LOG"
+  exit 0
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv 2>&1 | tee -a "$LOG"
 # Result files are named after the card they were measured on (h200, h100, ...): the device
 # tool may lend an H100 where an H200 was asked for, and a file must not say otherwise.
-GPU_TAG="${GPU_TAG:-$(gpu_tag "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)")}"
+GPU_TAG="${GPU_TAG:-$(gpu_tag "$card")}"
 echo "result files: *_${GPU_TAG}.*" | tee -a "$LOG"
 # kernels and liger-kernel are not in the image (their dependencies are): each from .wheels/
 # where it is not importable already (a caller may put other releases first on PYTHONPATH).
@@ -163,6 +171,20 @@ if has micro-down; then
   timeout 300 $PY benchmarks/micro/down_stream.py --modes "$modes" --out "$OUT/down_stream_${GPU_TAG}.json" > "$OUT/down_stream_${GPU_TAG}.txt" 2>&1
   echo "down_stream.py exit $?" | tee -a "$LOG"
   grep -E "^\[(check|gemm check|occupancy|stream|verdict|choice)\]|Traceback|Error" "$OUT/down_stream_${GPU_TAG}.txt" | tail -70 | tee -a "$LOG"
+fi
+if has micro-small-m; then
+  # Sessions 77-80: the general path at few tokens stage by stage (general_small_m.py) and the
+  # decode kernels against it in a graphed loop of layers (decode_loop_ab.py), where
+  # dispatch.DECODE_MAX_M_BY_CARD's entry for this card comes from; needs a staged build.
+  step micro-small-m
+  : > "$OUT/small_m_${GPU_TAG}.txt"
+  timeout 150 $PY benchmarks/micro/general_small_m.py --ms "${SMALL_M_GENERAL_MS:-1,8,16,24,32,48,64,128}" \
+    --out "$OUT/general_small_m_${GPU_TAG}.json" >> "$OUT/small_m_${GPU_TAG}.txt" 2>&1
+  echo "general_small_m.py exit $?" | tee -a "$OUT/small_m_${GPU_TAG}.txt" "$LOG"
+  timeout 120 $PY benchmarks/micro/decode_loop_ab.py --ms "${SMALL_M_DECODE_MS:-8,9,10,12,14,16,20,24}" \
+    --out "$OUT/decode_loop_ab_${GPU_TAG}.json" >> "$OUT/small_m_${GPU_TAG}.txt" 2>&1
+  echo "decode_loop_ab.py exit $?" | tee -a "$OUT/small_m_${GPU_TAG}.txt" "$LOG"
+  grep -vE "^(Skipping|Kernel 'fused-mlp')" "$OUT/small_m_${GPU_TAG}.txt" | tail -40 | tee -a "$LOG"
 fi
 if has host-overhead; then
   step host-overhead
