@@ -584,18 +584,23 @@ def test_gpu_session_names_result_files_after_the_card(name, tag):
     assert '"$OUT/mlp_forward_${GPU_TAG}.json"' in script and "_h200." not in script
 
 
-def test_gpu_suite_runs_nothing_on_another_card(tmp_path):
-    """tools/gpu_suite.sh with REQUIRE_CARD=H200 on a machine whose nvidia-smi names an H100
-    says so and runs nothing (no stage, no pytest): a device call that was lent another card
-    costs only its start."""
+def _on_an_h100_requiring_h200(tmp_path, *cmd: str) -> subprocess.CompletedProcess:
+    """Runs `cmd` (a tools/ script and its arguments) with REQUIRE_CARD=H200, OUT=tmp_path/out,
+    and a fake nvidia-smi first on PATH that names an H100."""
     (tmp_path / "bin").mkdir()
     fake = tmp_path / "bin" / "nvidia-smi"
     fake.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
            "REQUIRE_CARD": "H200"}
-    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_suite.sh")], capture_output=True, text=True, env=env,
-                       cwd=ROOT, timeout=60)
+    return subprocess.run(["bash", *cmd], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+
+
+def test_gpu_suite_runs_nothing_on_another_card(tmp_path):
+    """tools/gpu_suite.sh with REQUIRE_CARD=H200 on a machine whose nvidia-smi names an H100
+    says so and runs nothing (no stage, no pytest): a device call that was lent another card
+    costs only its start."""
+    r = _on_an_h100_requiring_h200(tmp_path, str(ROOT / "tools" / "gpu_suite.sh"))
     assert r.returncode == 0 and "card: NVIDIA H100 80GB HBM3" in r.stdout and "not an H200: nothing run" in r.stdout
     assert list((tmp_path / "out").iterdir()) == []
 
@@ -603,19 +608,11 @@ def test_gpu_suite_runs_nothing_on_another_card(tmp_path):
 def test_gpu_session_runs_nothing_on_another_card(tmp_path):
     """tools/gpu_session.sh with REQUIRE_CARD=H200 on a machine whose nvidia-smi names an H100
     says so in its log and runs no step (no stage, no probe, no result file)."""
-    (tmp_path / "bin").mkdir()
-    fake = tmp_path / "bin" / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
-    fake.chmod(0o755)
-    out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "OUT": str(out),
-           "REQUIRE_CARD": "H200"}
-    r = subprocess.run(["bash", str(ROOT / "tools" / "gpu_session.sh"), "stage", "micro-small-m"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    r = _on_an_h100_requiring_h200(tmp_path, str(ROOT / "tools" / "gpu_session.sh"), "stage", "micro-small-m")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "card: NVIDIA H100 80GB HBM3; not an H200: nothing run" in r.stdout
     assert "=== stage" not in r.stdout and "=== micro-small-m" not in r.stdout
-    assert sorted(p.name for p in out.iterdir()) == ["session.log"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["session.log"]
 
 
 def test_gpu_session_names_only_scripts_that_exist():
