@@ -935,6 +935,22 @@ def test_gpu_fast_tanh(gpu, monkeypatch, dtype, act):
 SM90_SHAPES = [(1, 64, 8), (3, 200, 136), (777, 520, 1000), (300, 1000, 264)]  # (M, K, N)
 
 
+def _sm90_gate_up_inputs(m, k, n, dtype, bias, gen):
+    """x [m, k], gate / up weights [n, k] and, with `bias`, their biases [n], on the GPU."""
+    x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
+    wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
+    bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
+              else (None, None))
+    return x, wg, wu, bg, bu
+
+
+def _gate_up_float64(x, wg, wu, bg, bu):
+    """g and u, x W^T + b of the gate and up weights, in float64."""
+    g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
+    u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+    return g, u
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("act", ["identity", "silu", "gelu_tanh", "gelu", "relu", "relu2", "quick_gelu"])
@@ -949,15 +965,11 @@ def test_gpu_sm90_gate_up(fused_mlp, dtype, act):
         for bias, train, block_n in ((False, False, 0), (True, False, 112), (True, False, 128),
                                      (False, True, 128), (True, True, 112)):
             gen = torch.Generator().manual_seed(100 * i + 2 * bias + train)
-            x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
-            wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
-            bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
-                      else (None, None))
+            x, wg, wu, bg, bu = _sm90_gate_up_inputs(m, k, n, dtype, bias, gen)
             out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
             pre = torch.full((m, 2 * n), float("nan"), dtype=dtype, device="cuda") if train else None
             fused_mlp.ops.gated_gemm_sm90(out, x, wg, wu, bg, bu, pre, ids[act], block_n)
-            g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
-            u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+            g, u = _gate_up_float64(x, wg, wu, bg, bu)
             what = f"M={m} K={k} N={n} {act} bias={bias} train={train} block_n={block_n}"
             check(out.cpu(), (fn(g) * u).cpu(), TOL[dtype], what)
             if train:
@@ -980,11 +992,8 @@ def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
     big = torch.full((128, k), 1e4, dtype=dtype, device="cuda")
     for i, m in enumerate((1, 3, 8, 17, 64, 100, 127, 128, 130)):
         bias, train = i % 2 == 1, i % 3 == 2
-        gen = torch.Generator().manual_seed(70 + i)
-        x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
-        wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
-        bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
-                  else (None, None))
+        x, wg, wu, bg, bu = _sm90_gate_up_inputs(m, k, n, dtype, bias, torch.Generator().manual_seed(70 + i))
+        fitted = min(-(-m // 8) * 8, 128)  # M rounded up to 8, at most one row block
 
         def run(fit):
             if fit is None:
@@ -1000,16 +1009,15 @@ def test_gpu_sm90_fit_x(fused_mlp, monkeypatch, dtype):
 
         out, pre = run(None)
         what = f"M={m} bias={bias} train={train} {dtype}"
-        assert fused_mlp.ops.gated_gemm_sm90_plan(m, n, 0, train)[5] == min(-(-m // 8) * 8, 128), what
+        assert fused_mlp.ops.gated_gemm_sm90_plan(m, n, 0, train)[5] == fitted, what
         for fit in ("1", "0"):
             out_f, pre_f = run(fit)
             box = fused_mlp.ops.gated_gemm_sm90_plan(m, n, 0, train)[5]
-            assert box == (128 if fit == "0" else min(-(-m // 8) * 8, 128)), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
+            assert box == (128 if fit == "0" else fitted), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
             assert torch.equal(out, out_f), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
             if train:
                 assert torch.equal(pre, pre_f), f"{what} FUSED_MLP_SM90_FIT_X={fit}"
-        g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
-        u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+        g, u = _gate_up_float64(x, wg, wu, bg, bu)
         check(out.cpu(), (torch.nn.functional.silu(g) * u).cpu(), TOL[dtype], what)
 
 
@@ -1079,13 +1087,8 @@ def test_gpu_sm90_narrow_tail(fused_mlp, monkeypatch, dtype):
         assert list(fused_mlp.ops.gated_gemm_sm90_plan(m, n, 128)) == [128, tiles, split, tiles // sms * sms, 0, 128], m
         monkeypatch.setenv("FUSED_MLP_SM90_NARROW_TAIL", "0")
         assert list(fused_mlp.ops.gated_gemm_sm90_plan(m, n, 128, True))[2] == 1, m
-        gen = torch.Generator().manual_seed(50 + split)
-        x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
-        wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
-        bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
-                  else (None, None))
-        g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
-        u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+        x, wg, wu, bg, bu = _sm90_gate_up_inputs(m, k, n, dtype, bias, torch.Generator().manual_seed(50 + split))
+        g, u = _gate_up_float64(x, wg, wu, bg, bu)
         ref = (fused_mlp.activations.torch_activation(act)(g) * u).cpu()
         for train in (False, True):
             got = {}
@@ -1168,11 +1171,7 @@ def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):
             kind(512, "0", False)] == [4, 4, 0, 0, 0]
     for i, (m, k, n) in enumerate([(1, 64, 8), (3, 200, 136), (300, 1000, 264), (512, 256, 1000)]):
         for act, bias, block_n in (("silu", False, 0), ("gelu_tanh", True, 112), ("relu2", True, 128)):
-            gen = torch.Generator().manual_seed(40 + i)
-            x = _rand(m, k, dtype=dtype, device="cuda", gen=gen)
-            wg, wu = (_rand(n, k, dtype=dtype, device="cuda", scale=k**-0.5, gen=gen) for _ in range(2))
-            bg, bu = ((_rand(n, dtype=dtype, device="cuda", scale=0.5, gen=gen) for _ in range(2)) if bias
-                      else (None, None))
+            x, wg, wu, bg, bu = _sm90_gate_up_inputs(m, k, n, dtype, bias, torch.Generator().manual_seed(40 + i))
             outs = {}
             for setting in ("0", "1"):
                 monkeypatch.setenv("FUSED_MLP_SM90_H_ONLY", setting)
@@ -1185,8 +1184,7 @@ def test_gpu_sm90_h_only(fused_mlp, monkeypatch, dtype):
                 assert torch.equal(trained, outs["0"]), f"training output, FUSED_MLP_SM90_H_ONLY={setting}"
             what = f"M={m} K={k} N={n} {act} bias={bias} block_n={block_n}"
             assert torch.equal(outs["1"], outs["0"]), what
-            g = x.double() @ wg.double().t() + (0 if bg is None else bg.double())
-            u = x.double() @ wu.double().t() + (0 if bu is None else bu.double())
+            g, u = _gate_up_float64(x, wg, wu, bg, bu)
             check(outs["1"].cpu(), (fused_mlp.activations.torch_activation(act)(g) * u).cpu(), TOL[dtype], what)
 
 

@@ -56,9 +56,9 @@ def main() -> None:
         inputs = {"rows": x, "zero_pad": pad, "full": full}
         impls = {n: (lambda i, t=t: tg.gated_linear(t, W[i][0], W[i][1], None, None, act))
                  for n, t in inputs.items()}
-        fit = impls["rows"]
-        impls["rows"] = lambda i: with_env(lambda: fit(i), "FUSED_MLP_SM90_FIT_X", "0")()
-        impls["rows_fit"] = lambda i: with_env(lambda: fit(i), "FUSED_MLP_SM90_FIT_X", "1")()
+        call = impls["rows"]  # x [M, D] under whatever FUSED_MLP_SM90_FIT_X says: pinned both ways
+        impls["rows"] = lambda i: with_env(lambda: call(i), "FUSED_MLP_SM90_FIT_X", "0")()
+        impls["rows_fit"] = lambda i: with_env(lambda: call(i), "FUSED_MLP_SM90_FIT_X", "1")()
         inputs["rows_fit"] = x
         # each against float64 (silu(x Wg^T) * (x Wu^T)); zero_pad's first M rows against rows'
         errs = {}
